@@ -1,0 +1,30 @@
+# The two commands of the README, and what they need. Everything installs into ./.venv.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := openmpi-bin libopenmpi-dev shellcheck
+
+.PHONY: install system-deps rehearsal test
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU build of torch for this machine; on GPU machines the image's torch is used instead.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# OpenMPI (MPI-through-Ray tests) and shellcheck (launcher tests) come from Debian's packages.
+system-deps:
+	@missing=""; command -v mpirun >/dev/null || missing="yes"; command -v shellcheck >/dev/null || missing="yes"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then (apt-get install -y -q $(APT_PACKAGES) || (apt-get update -q && apt-get install -y -q $(APT_PACKAGES))) >/dev/null; \
+	  else echo "install as root: apt-get install -y $(APT_PACKAGES)"; exit 1; fi; fi
+
+# The main job, rehearsed on an embedded local Ray cluster of simulated A4 nodes.
+rehearsal: install
+	$(PY) -m a4ray.ddp_test --local-nodes 2 --gpus-per-node 2
+
+test: install system-deps
+	$(PY) -m pytest

@@ -1,0 +1,1 @@
+"""`a4ray <subcommand>` implementations: argument parsing and printing over the library."""

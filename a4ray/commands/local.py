@@ -1,0 +1,46 @@
+"""`a4ray local up`: a local Ray cluster of simulated A4 nodes that stays up until Ctrl-C.
+
+Jobs can then be submitted to it like to a real cluster:
+    a4ray local up --nodes 2 --gpus-per-node 2
+    RAY_ADDRESS=http://127.0.0.1:8265 ray job submit --working-dir . -- python -m a4ray.ddp_test
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from a4ray.console import say
+
+
+def add_cli(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("local", help="a local Ray cluster of simulated A4 nodes")
+    local = p.add_subparsers(dest="local_command", required=True)
+    up = local.add_parser("up", help="start it in the foreground; Ctrl-C stops it")
+    up.add_argument("--nodes", type=int, default=2)
+    up.add_argument("--gpus-per-node", type=int, default=8)
+    up.add_argument("--machine-type", default="a4-highgpu-8g")
+    up.add_argument("--dashboard-port", type=int, default=8265)
+    up.set_defaults(func=_up)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from a4ray.runtime.local import SimulatedCluster
+
+    cluster = SimulatedCluster(args.nodes, args.gpus_per_node, machine_type=args.machine_type,
+                               dashboard=True, dashboard_port=args.dashboard_port)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        cluster.start()
+        say(cluster.describe())
+        say(f"dashboard: http://{cluster.dashboard_url}" if cluster.dashboard_url else "dashboard: off")
+        say(f"submit jobs with: RAY_ADDRESS=http://127.0.0.1:{args.dashboard_port} ray job submit "
+            "--working-dir . -- python -m a4ray.ddp_test")
+        say("a4ray local up: ready (Ctrl-C to stop)")
+        stop.wait()
+    finally:
+        cluster.shutdown()
+    return 0

@@ -1,0 +1,46 @@
+"""A run directory under the workspace: the resolved spec, the plan, per-node/per-rank logs, the result.
+
+It lives on shared storage, so it outlives the Ray cluster: `<workspace>/runs/<job>-<time>-<id>/`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from a4ray.redact import redact
+
+
+class RunDir:
+    def __init__(self, root: Path):
+        self.root = root
+
+    @classmethod
+    def create(cls, workspace: Path, job: str) -> RunDir:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        root = workspace / "runs" / f"{job}-{stamp}-{secrets.token_hex(2)}"
+        (root / "logs").mkdir(parents=True, exist_ok=False)
+        return cls(root)
+
+    @property
+    def id(self) -> str:
+        return self.root.name
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def write(self, name: str, content: str | BaseModel | dict) -> Path:
+        path = self.root / name
+        if isinstance(content, BaseModel):
+            content = content.model_dump_json(indent=2)
+        elif isinstance(content, dict):
+            content = json.dumps(content, indent=2, default=str)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(redact(content))
+        tmp.replace(path)
+        return path

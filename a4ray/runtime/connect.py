@@ -1,0 +1,121 @@
+"""Which Ray cluster a job runs on.
+
+In order: a Ray session this process already has (a notebook); `--address`; `RAY_ADDRESS` (set for
+`ray job submit` drivers); a Ray cluster already running on this machine; else an embedded local
+cluster of simulated A4 nodes, shut down when the job ends (also on Ctrl-C). The choice is printed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import ray
+
+from a4ray.console import say
+from a4ray.errors import ConnectError
+from a4ray.runtime.local import SIMULATED_LABEL, SimulatedCluster
+from a4ray.spec.cluster import ClusterSpec
+
+NAMESPACE = "a4ray"  # named actors (staging owners, ...) are found across jobs in this namespace
+
+
+@dataclass
+class Connection:
+    address: str
+    mode: Literal["attached", "address", "running", "embedded"]
+    local: SimulatedCluster | None = None
+    _owns_ray: bool = False
+
+    @property
+    def simulated(self) -> bool:
+        """True when the nodes are simulated A4 nodes (embedded or `a4ray local up`)."""
+        if self.local is not None:
+            return True
+        return any(n.get("Labels", {}).get(SIMULATED_LABEL) == "true" for n in ray.nodes() if n.get("Alive"))
+
+    def workspace(self, shared: str, local: str) -> Path:
+        """The workspace root: shared storage on a real cluster, a local directory when simulated."""
+        return Path(local).resolve() if self.simulated else Path(shared)
+
+    def close(self) -> None:
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+        if self.local is not None:
+            self.local.shutdown()
+            self.local = None
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _init(address: str) -> None:
+    ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING,
+             log_to_driver=True, configure_logging=True)
+
+
+def _running_local_address() -> str | None:
+    """The address of a Ray cluster started on this machine, if one is up (its GCS port answers)."""
+    try:
+        from ray._common.utils import get_ray_address_file  # where `ray start` records the address
+    except ImportError:  # pragma: no cover - older Ray
+        return None
+    path = Path(get_ray_address_file(None))
+    if not path.is_file():
+        return None
+    address = path.read_text().strip()
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=0.5).close()
+    except (OSError, ValueError):
+        return None
+    return address
+
+
+def _summary() -> str:
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    gpus = sum(int(n["Resources"].get("GPU", 0)) for n in nodes)
+    return f"{len(nodes)} node(s), {gpus} GPU(s)"
+
+
+def connect(address: str | None = None, *, cluster: ClusterSpec | None = None, local_nodes: int | None = None,
+            dashboard: bool = False) -> Connection:
+    cluster = cluster or ClusterSpec()
+    if ray.is_initialized():
+        ctx = ray.get_runtime_context()
+        say(f"cluster: the Ray session this process already has ({ctx.gcs_address}; {_summary()})")
+        return Connection(address=ctx.gcs_address, mode="attached")
+    source = "--address" if address else "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else None
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        try:
+            _init(address)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise ConnectError(f"cannot reach the Ray cluster at {address} (from {source}): {e}",
+                               hint="check the address and that the head is up, or unset it to use an "
+                               "embedded local cluster") from None
+        say(f"cluster: Ray cluster at {address} (from {source}; {_summary()})")
+        return Connection(address=address, mode="address", _owns_ray=True)
+    running = _running_local_address()
+    if running:
+        _init(running)
+        say(f"cluster: the Ray cluster already running on this machine at {running} ({_summary()})")
+        return Connection(address=running, mode="running", _owns_ray=True)
+    local = SimulatedCluster(local_nodes or cluster.nodes, cluster.gpus_per_node,
+                             machine_type=cluster.machine_type, topology=cluster.topology,
+                             dashboard=dashboard)
+    try:
+        local.start()
+        _init(local.address)
+    except BaseException:
+        local.shutdown()
+        raise
+    say(f"cluster: {local.describe()}")
+    return Connection(address=local.address, mode="embedded", local=local, _owns_ray=True)

@@ -1,0 +1,384 @@
+"""The gang: one placement-group bundle and one NodeActor per node, launched and supervised as one.
+
+Lifecycle (one owner, as in Ray Train's worker group):
+  start  -> STRICT_SPREAD placement group of whole-node bundles, bounded wait, a clear error if the
+            cluster cannot hold it; one NodeActor per bundle; node facts; rank order from topology;
+            master = rank 0's IP, port chosen free on that node.
+  run    -> every node launches its command (env built on the node); the driver streams every line
+            with its node and rank; the first failure (non-zero exit, actor death, node loss), a
+            timeout or a cancel stops every node's whole process tree, and the error names the node,
+            its exit code and its last lines.
+  close  -> actors killed, placement group removed.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Literal
+
+import ray
+from pydantic import BaseModel
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from a4ray.console import say
+from a4ray.errors import Cancelled, GangFailed, GangStartTimeout, GangTimeout
+from a4ray.netenv import NEVER_OVERRIDE
+from a4ray.runtime.node_actor import LaunchRequest, Line, NodeActor, NodeRun, Poll
+from a4ray.runtime.topology import NodeFacts, rank_order
+from a4ray.spec.job import JobSpec
+
+_LAST_LINES = 20
+
+
+class NodeContext(BaseModel):
+    """What a workload needs to build one node's command. In a dry run the node values are placeholders."""
+
+    rank: int
+    nnodes: int
+    gpus: int
+    master_addr: str
+    master_port: int | str
+    ip: str
+    hostname: str
+    python: str = "python3"
+    log_dir: str
+    run_dir: str = ""
+    launch_id: str = ""
+
+
+class Launch(BaseModel):
+    """One node's command. `nproc` > 0 marks a torchrun launch whose lines carry local-rank prefixes."""
+
+    argv: list[str]
+    env: dict[str, str] = {}
+    cwd: str | None = None
+    nproc: int = 0
+
+
+class NodeResult(BaseModel):
+    rank: int
+    hostname: str
+    ip: str
+    node_id: str
+    location: str
+    status: Literal["succeeded", "failed", "stopped", "lost", "not-started"]
+    exit_code: int | None = None
+    duration_s: float | None = None
+    last_lines: list[str] = []
+    records: list[dict] = []
+    log_file: str = ""
+
+
+class GangResult(BaseModel):
+    job: str
+    launch_id: str
+    ok: bool
+    failure: str | None = None
+    start_s: float = 0.0  # placement + actors + facts
+    run_s: float = 0.0
+    log_dir: str = ""
+    nodes: list[NodeResult] = []
+
+    @property
+    def records(self) -> list[dict]:
+        return [r for node in self.nodes for r in node.records]
+
+
+LineObserver = Callable[[int, Line], None]
+
+
+class Gang:
+    def __init__(self, spec: JobSpec, *, log_dir: str, run_dir: str = "", name: str | None = None):
+        self.spec = spec
+        self.cluster = spec.cluster
+        self.log_dir = log_dir
+        self.run_dir = run_dir
+        self.launch_id = uuid.uuid4().hex[:12]
+        self.name = name or f"a4ray-{spec.name}-{self.launch_id}"
+        self.pg = None
+        self.actors: list = []  # in rank order once started
+        self.nodes: list[NodeFacts] = []  # in rank order
+        self.master_port: int | None = None
+        self.start_s = 0.0
+        self.observers: list[LineObserver] = []
+
+    # ------------------------------------------------------------------------------------ start
+    def start(self) -> list[NodeFacts]:
+        t0 = time.monotonic()
+        c = self.cluster
+        bundle = {"CPU": c.cpus_per_node, "GPU": c.gpus_per_node, c.node_resource: 1}
+        self.pg = placement_group([dict(bundle)] * c.nodes, strategy="STRICT_SPREAD", name=self.name)
+        ready, _ = ray.wait([self.pg.ready()], timeout=c.start_timeout_s)
+        if not ready:
+            message = explain_unplaceable(self.spec, self.name)
+            self.close()
+            raise GangStartTimeout(
+                message, hint="add nodes, lower cluster.nodes / cluster.gpus_per_node, or raise "
+                "cluster.start_timeout_s if nodes are still being added",
+            )
+        actor_cls = ray.remote(NodeActor)
+        actors = [
+            actor_cls.options(
+                num_cpus=c.cpus_per_node, num_gpus=c.gpus_per_node, resources={c.node_resource: 1},
+                max_concurrency=8, name=f"{self.name}-{i}",
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
+            ).remote()
+            for i in range(c.nodes)
+        ]
+        facts = ray.get([a.facts.remote() for a in actors], timeout=max(60.0, c.start_timeout_s))
+        ordered = rank_order(facts, c.topology)
+        by_id = {f.node_id: a for f, a in zip(facts, actors)}
+        self.nodes = ordered
+        self.actors = [by_id[f.node_id] for f in ordered]
+        self.master_port = ray.get(self.actors[0].free_port.remote(), timeout=60)
+        self.start_s = time.monotonic() - t0
+        say(f"gang {self.name}: {c.nodes} nodes x {c.gpus_per_node} GPUs placed in {self.start_s:.1f}s; "
+            f"master {self.nodes[0].ip}:{self.master_port}")
+        for rank, node in enumerate(self.nodes):
+            say(f"  node {rank}: {node.describe(c.topology)} gpus={','.join(node.gpu_ids) or '-'}")
+        return self.nodes
+
+    def context(self, rank: int) -> NodeContext:
+        node = self.nodes[rank]
+        return NodeContext(
+            rank=rank, nnodes=len(self.nodes), gpus=self.cluster.gpus_per_node,
+            master_addr=self.nodes[0].ip, master_port=self.master_port or 0, ip=node.ip,
+            hostname=node.hostname, python=node.python, log_dir=self.log_dir, run_dir=self.run_dir,
+            launch_id=self.launch_id,
+        )
+
+    # -------------------------------------------------------------------------------------- run
+    def run(self, build: Callable[[NodeContext], Launch], *, timeout_s: float | None = None,
+            env_name: str = "workload") -> GangResult:
+        """Launch `build(node)` on every node and supervise until all end, one fails, or time runs out."""
+        if not self.actors:
+            self.start()
+        launches = [build(self.context(rank)) for rank in range(len(self.nodes))]
+        t0 = time.monotonic()
+        requests = [
+            LaunchRequest(
+                argv=launch.argv, cwd=launch.cwd, env=launch.env, network=self.spec.network,
+                node_rank=rank, nproc=launch.nproc, log_dir=self.log_dir,
+                launch_id=f"{self.launch_id}-n{rank}", grace_s=self.cluster.stop_grace_s,
+            )
+            for rank, launch in enumerate(launches)
+        ]
+        infos = ray.get([a.launch.remote(r, env_name) for a, r in zip(self.actors, requests)])
+        for rank, info in enumerate(infos):
+            say(f"[n{rank}] env ({len(info.env_report)} set by a4ray, secrets masked): "
+                + "; ".join(info.env_report))
+        nproc = {rank: launch.nproc for rank, launch in enumerate(launches)}
+        outcome = _Supervisor(self, nproc, timeout_s).watch()
+        result = self._collect(outcome, time.monotonic() - t0)
+        if not result.ok:
+            error_cls = {"timeout": GangTimeout, "cancelled": Cancelled}.get(outcome.kind, GangFailed)
+            raise error_cls(result.failure or "the gang failed", result=result, hint=outcome.hint)
+        return result
+
+    def _collect(self, outcome: _Outcome, run_s: float) -> GangResult:
+        nodes = []
+        for rank, (facts, actor) in enumerate(zip(self.nodes, self.actors)):
+            base = dict(rank=rank, hostname=facts.hostname, ip=facts.ip, node_id=facts.node_id,
+                        location="/".join(p for p in facts.location(self.cluster.topology) if p))
+            if rank in outcome.lost:
+                nodes.append(NodeResult(**base, status="lost", last_lines=outcome.tails.get(rank, [])))
+                continue
+            try:
+                run: NodeRun = ray.get(actor.result.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - a node that cannot answer now is as good as lost
+                nodes.append(NodeResult(**base, status="lost", last_lines=outcome.tails.get(rank, [])))
+                continue
+            status = ("stopped" if rank in outcome.stopped and run.exit_code != 0 else
+                      "succeeded" if run.exit_code == 0 else "failed")
+            duration = (run.ended_at - run.started_at) if run.ended_at and run.started_at else None
+            nodes.append(NodeResult(**base, status=status, exit_code=run.exit_code, duration_s=duration,
+                                    last_lines=run.last_lines[-_LAST_LINES:], records=run.records,
+                                    log_file=run.log_file))
+        ok = outcome.kind == "done" and all(n.status == "succeeded" for n in nodes)
+        failure = outcome.message if not ok else None
+        if not ok and failure is None:
+            failed = next(n for n in nodes if n.status != "succeeded")
+            failure = f"node {failed.rank} ({failed.hostname}) ended with status {failed.status}"
+        return GangResult(job=self.spec.name, launch_id=self.launch_id, ok=ok, failure=failure,
+                          start_s=self.start_s, run_s=run_s, log_dir=self.log_dir, nodes=nodes)
+
+    def stop(self, grace_s: float | None = None, skip: set[int] = frozenset()) -> None:
+        """Stop every node's process tree in parallel (SIGTERM, bounded wait, SIGKILL)."""
+        grace = self.cluster.stop_grace_s if grace_s is None else grace_s
+        refs = [a.stop.remote(grace) for i, a in enumerate(self.actors) if i not in skip]
+        try:
+            ray.wait(refs, num_returns=len(refs), timeout=grace + 30)
+        except Exception:  # noqa: BLE001 - stopping is best effort; the reapers finish the job
+            pass
+
+    def close(self) -> None:
+        for actor in self.actors:
+            try:
+                ray.kill(actor)  # the reaper of any launch still running kills its process tree
+            except Exception:  # noqa: BLE001
+                pass
+        self.actors = []
+        if self.pg is not None:
+            try:
+                remove_placement_group(self.pg)
+            except Exception:  # noqa: BLE001
+                pass
+            self.pg = None
+
+    def __enter__(self) -> Gang:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Outcome:
+    def __init__(self) -> None:
+        self.kind: Literal["done", "failed", "lost", "timeout", "cancelled"] = "done"
+        self.message: str | None = None
+        self.hint: str | None = None
+        self.lost: set[int] = set()
+        self.stopped: set[int] = set()
+        self.tails: dict[int, list[str]] = {}
+
+
+class _Supervisor:
+    """Streams every node's lines to the driver and ends the gang on the first failure."""
+
+    def __init__(self, gang: Gang, nproc: dict[int, int], timeout_s: float | None):
+        self.gang = gang
+        self.nproc = nproc
+        self.deadline = time.monotonic() + timeout_s if timeout_s else None
+        self.timeout_s = timeout_s
+        self.cursors = {rank: 0 for rank in range(len(gang.actors))}
+        self.outcome = _Outcome()
+
+    def _emit(self, rank: int, poll: Poll) -> None:
+        if poll.dropped:
+            say(f"[n{rank}] ... {poll.dropped} lines not streamed (driver fell behind); "
+                f"they are in the node log")
+        tail = self.outcome.tails.setdefault(rank, [])
+        for line in poll.lines:
+            if line.local_rank is not None:
+                print(f"[n{rank} r{rank * self.nproc[rank] + line.local_rank}] {line.text}", flush=True)
+            else:
+                print(f"[n{rank}] {line.text}", flush=True)
+            for observer in self.gang.observers:
+                observer(rank, line)
+            tail.append(line.text)
+        del tail[:-_LAST_LINES]
+        self.cursors[rank] = poll.cursor
+
+    def watch(self) -> _Outcome:
+        gang, out = self.gang, self.outcome
+        pending = {a.poll.remote(0, 1.0): rank for rank, a in enumerate(gang.actors)}
+        try:
+            while pending:
+                wait_s = 1.0 if self.deadline is None else max(0.0, min(1.0, self.deadline - time.monotonic()))
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
+                for ref in ready:
+                    rank = pending.pop(ref)
+                    try:
+                        poll: Poll = ray.get(ref)
+                    except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
+                        self._fail(rank, "lost", f"node {rank} ({self._where(rank)}) was lost: its node "
+                                   f"actor died ({type(e).__name__}); the node was removed, ran out of "
+                                   f"memory or was killed")
+                        return self._finish(pending)
+                    self._emit(rank, poll)
+                    if poll.exit_code is None:
+                        pending[gang.actors[rank].poll.remote(poll.cursor, 1.0)] = rank
+                    elif poll.exit_code != 0:
+                        self._fail(rank, "failed", f"node {rank} ({self._where(rank)}) exited with code "
+                                   f"{poll.exit_code}{_signal_name(poll.exit_code)}")
+                        return self._finish(pending)
+                if self.deadline is not None and time.monotonic() >= self.deadline and pending:
+                    out.kind, out.message = "timeout", f"the launch ran past its timeout ({self.timeout_s:g}s)"
+                    out.hint = "raise timeout_s in the spec if the job needs longer"
+                    return self._finish(pending)
+        except KeyboardInterrupt:
+            out.kind, out.message = "cancelled", "cancelled (Ctrl-C or `ray job stop`)"
+            return self._finish(pending)
+        return out
+
+    def _where(self, rank: int) -> str:
+        return self.gang.nodes[rank].describe(self.gang.cluster.topology)
+
+    def _fail(self, rank: int, kind: str, message: str) -> None:
+        out = self.outcome
+        out.kind = kind  # type: ignore[assignment]
+        if kind == "lost":
+            out.lost.add(rank)
+        tail = out.tails.get(rank, [])
+        out.message = message + ("; last lines:\n" + "\n".join(f"    {t}" for t in tail[-_LAST_LINES:])
+                                 if tail else "")
+
+    def _finish(self, pending: dict) -> _Outcome:
+        """Stop every still-running node, then drain the lines they printed while stopping."""
+        gang, out = self.gang, self.outcome
+        running = set(pending.values())
+        out.stopped = running
+        say(f"stopping {len(running)} node(s): {out.message.splitlines()[0] if out.message else ''}")
+        gang.stop(skip=out.lost)
+        for rank in sorted(running - out.lost):
+            try:
+                poll = ray.get(gang.actors[rank].poll.remote(self.cursors[rank], 0.0), timeout=30)
+                self._emit(rank, poll)
+            except Exception:  # noqa: BLE001 - an actor that died while stopping is reported as lost
+                out.lost.add(rank)
+        return out
+
+
+def _signal_name(code: int) -> str:
+    import signal as _signal
+
+    if code < 0:
+        try:
+            return f" (killed by {_signal.Signals(-code).name})"
+        except ValueError:
+            return ""
+    return ""
+
+
+def explain_unplaceable(spec: JobSpec, pg_name: str) -> str:
+    """Why the gang could not be placed: what it needs against what the cluster has."""
+    c = spec.cluster
+    need = (f"the gang needs {c.nodes} node(s) with resource '{c.node_resource}' and {c.gpus_per_node} "
+            f"GPU(s) each, one per node")
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    typed = [n for n in alive if n["Resources"].get(c.node_resource, 0) >= 1]
+    fitting = [n for n in typed if n["Resources"].get("GPU", 0) >= c.gpus_per_node]
+    parts = [f"{n['NodeManagerAddress']}: {int(n['Resources'].get('GPU', 0))} GPUs" for n in typed[:8]]
+    have = (f"the cluster has {len(typed)} such node(s)" + (f" ({', '.join(parts)}"
+            f"{', ...' if len(typed) > 8 else ''})" if parts else "")
+            + (f", {len(fitting)} with enough GPUs" if len(fitting) != len(typed) else ""))
+    others = [pg for pg in placement_group_table().values()
+              if pg.get("name", "").startswith("a4ray-") and pg.get("name") != pg_name
+              and pg.get("state") == "CREATED"]
+    busy = f"; {len(others)} other a4ray gang(s) hold nodes now" if others else ""
+    return (f"gang not placed within cluster.start_timeout_s={c.start_timeout_s:g}s: {need}; "
+            f"{have} of {len(alive)} alive node(s){busy}")
+
+
+def describe_env_plan(spec: JobSpec, workload_env: dict[str, str]) -> list[str]:
+    """The env a launch would get, layer by layer, for a dry run (nothing is sourced)."""
+    net = spec.network
+    lines = []
+    if net.gib == "off":
+        lines.append("gib: off")
+    else:
+        lines.append(f"gib ({net.gib}): source {net.gib_script} on each node"
+                     + (" (fail if missing)" if net.gib == "on" else " (skip where missing)"))
+        lines += [f"  {k}={v}" for k, v in net.gib_overrides.items()]
+        lines.append(f"  LD_LIBRARY_PATH={net.gib_lib_dir}:<node's LD_LIBRARY_PATH>")
+    lines.append("a4ray: PYTHONUNBUFFERED=1 A4RAY_NODE_RANK=<rank> A4RAY_LAUNCH_ID=<id>")
+    from a4ray.redact import Redactor, secret_values
+
+    for layer, env in (("workload", workload_env), ("user (network.env)", net.env)):
+        shown = Redactor(secret_values(env)).env(env)
+        lines.append(f"{layer}: " + (" ".join(f"{k}={v}" for k, v in shown.items()) or "-"))
+    lines.append(f"never overridden where the node sets them: {', '.join(NEVER_OVERRIDE)}")
+    return lines

@@ -1,0 +1,125 @@
+"""An embedded Ray cluster of simulated A4 nodes on this machine (for rehearsals and tests).
+
+Each simulated node is a real Ray node (its own raylet, via `ray.cluster_utils.Cluster`) with logical
+GPUs, the machine-type resource an A4 node advertises, and node labels carrying a simulated physical
+topology under the same keys GKE uses, so the gang code cannot tell it from A4 nodes. Where this
+machine has enough real GPUs, each node gets its own slice of them (CUDA_VISIBLE_DEVICES of its raylet),
+so NCCL runs across "nodes" for real.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from a4ray.console import say, warn
+from a4ray.spec.cluster import TopologySpec
+
+SIMULATED_LABEL = "a4ray.io/simulated"
+NODES_PER_SUBBLOCK = 4  # so a simulated topology has more than one subblock to order
+
+
+def simulated_location(index: int, topology: TopologySpec) -> dict[str, str]:
+    return {
+        topology.block_label: "sim-block-0",
+        topology.subblock_label: f"sim-subblock-{index // NODES_PER_SUBBLOCK}",
+        topology.host_label: f"sim-host-{index:03d}",
+    }
+
+
+def physical_gpu_ids() -> list[str]:
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES if set, else what nvidia-smi lists."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g for g in visible.split(",") if g.strip()]
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=True)
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+class SimulatedCluster:
+    def __init__(self, nodes: int, gpus_per_node: int, *, machine_type: str = "a4-highgpu-8g",
+                 topology: TopologySpec | None = None, cpus_per_node: int = 4,
+                 dashboard: bool = False, dashboard_port: int | None = None,
+                 object_store_mb: int = 256, persistent: bool = False):
+        self.nodes = nodes
+        self.gpus_per_node = gpus_per_node
+        self.machine_type = machine_type
+        self.topology = topology or TopologySpec()
+        self.cpus_per_node = cpus_per_node
+        self.dashboard = dashboard
+        self.dashboard_port = dashboard_port
+        self.object_store_mb = object_store_mb
+        self.persistent = persistent
+        self.cluster = None
+        self.workers: dict[int, object] = {}  # simulated node index -> ray._private.node.Node
+        self._gpu_slices: list[str] | None = None
+
+    @property
+    def address(self) -> str:
+        assert self.cluster is not None
+        return self.cluster.address
+
+    @property
+    def dashboard_url(self) -> str | None:
+        return getattr(self.cluster.head_node, "webui_url", None) if self.cluster else None
+
+    def start(self) -> str:
+        from ray.cluster_utils import Cluster
+
+        physical = physical_gpu_ids()
+        if len(physical) >= self.nodes * self.gpus_per_node:
+            self._gpu_slices = physical
+        elif physical:
+            warn(f"{self.nodes} simulated nodes x {self.gpus_per_node} GPUs need {self.nodes * self.gpus_per_node} "
+                 f"GPUs; this machine has {len(physical)}: simulated GPUs are logical only")
+        head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard,
+                    object_store_memory=128 * 2**20)
+        if self.dashboard and self.dashboard_port:
+            head["dashboard_port"] = self.dashboard_port
+        self.cluster = Cluster(initialize_head=True, head_node_args=head,
+                               shutdown_at_exit=not self.persistent)
+        for index in range(self.nodes):
+            self.add_node(index)
+        return self.address
+
+    def add_node(self, index: int | None = None):
+        """Start simulated node `index` (default: the next free index); returns its Ray node."""
+        assert self.cluster is not None
+        if index is None:
+            index = max(self.workers, default=-1) + 1
+        env = {}
+        if self._gpu_slices is not None and (index + 1) * self.gpus_per_node <= len(self._gpu_slices):
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                self._gpu_slices[index * self.gpus_per_node:(index + 1) * self.gpus_per_node])
+        labels = {**simulated_location(index, self.topology), SIMULATED_LABEL: "true",
+                  "a4ray.io/machine-type": self.machine_type}
+        node = self.cluster.add_node(
+            num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node,
+            resources={self.machine_type: 1}, labels=labels, env_vars=env,
+            object_store_memory=self.object_store_mb * 2**20,
+        )
+        self.workers[index] = node
+        return node
+
+    def remove_node(self, index: int) -> None:
+        """Kill simulated node `index` abruptly, as a lost A4 node would be."""
+        assert self.cluster is not None
+        self.cluster.remove_node(self.workers.pop(index), allow_graceful=False)
+
+    def describe(self) -> str:
+        gpus = "real GPU slices" if self._gpu_slices else "logical GPUs"
+        return (f"embedded local Ray cluster at {self.address}: {self.nodes} simulated {self.machine_type} "
+                f"node(s) x {self.gpus_per_node} GPUs ({gpus})")
+
+    def shutdown(self) -> None:
+        if self.cluster is not None:
+            say("shutting down the embedded local cluster")
+            self.cluster.shutdown()
+            self.cluster = None
+            self.workers = {}

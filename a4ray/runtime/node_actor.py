@@ -1,0 +1,245 @@
+"""The node actor: one per node of a gang, owning all of that node's GPUs, running one process tree.
+
+It reports the node's facts, builds the launch environment on the node (where set_nccl_env.sh is),
+starts the command in its own session, keeps its output (per-node and per-rank log files, a bounded
+in-memory tail the driver polls), and stops the whole process tree on request or when it dies.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from a4ray.netenv import EnvLayer, build_env, gib_layer
+from a4ray.redact import Redactor, secret_values
+from a4ray.runtime.process import ManagedProcess, launch_processes
+from a4ray.runtime.topology import NodeFacts
+from a4ray.spec.cluster import NetworkSpec
+
+# torchrun --tee prefixes each worker line with "[<role><local_rank>]:".
+_TORCHRUN_PREFIX = re.compile(r"^\[default(\d+)\]:")
+# Workloads report typed results as one JSON line each: "A4RAY_RESULT {...}".
+RESULT_MARKER = "A4RAY_RESULT "
+_BUFFER_LINES = 20_000
+
+
+class Line(BaseModel):
+    seq: int
+    text: str
+    local_rank: int | None = None
+
+
+class LaunchRequest(BaseModel):
+    argv: list[str]
+    cwd: str | None = None
+    env: dict[str, str] = {}  # the workload's layer
+    network: NetworkSpec = NetworkSpec()
+    node_rank: int
+    nproc: int = 0  # local ranks whose lines carry a torchrun prefix (0: not a torchrun launch)
+    log_dir: str
+    launch_id: str
+    grace_s: float = 10.0
+
+
+class Poll(BaseModel):
+    lines: list[Line]
+    cursor: int
+    dropped: int = 0
+    exit_code: int | None = None
+    running: bool
+
+
+class LaunchInfo(BaseModel):
+    env_report: list[str]
+    log_file: str
+    pid: int
+
+
+class NodeRun(BaseModel):
+    """What one node's launch produced."""
+
+    exit_code: int | None
+    started_at: float | None
+    ended_at: float | None
+    last_lines: list[str]
+    records: list[dict]
+    log_file: str
+
+
+class NodeActor:
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._lines: collections.deque[Line] = collections.deque(maxlen=_BUFFER_LINES)
+        self._seq = 0
+        self._records: list[dict] = []
+        self._process: ManagedProcess | None = None
+        self._redactor = Redactor()
+        self._node_log = None
+        self._rank_logs: dict[int, object] = {}
+        self._request: LaunchRequest | None = None
+
+    # ------------------------------------------------------------------ facts
+    def facts(self) -> NodeFacts:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return NodeFacts(
+            node_id=ctx.get_node_id(),
+            ip=ray.util.get_node_ip_address(),
+            hostname=socket.gethostname(),
+            labels={k: v for k, v in ctx.get_node_labels().items() if not k.startswith("ray.io/")},
+            gpu_ids=[str(g) for g in ray.get_gpu_ids()],
+            python=sys.executable,
+            cwd=os.getcwd(),
+        )
+
+    def free_port(self, low: int = 20000, high: int = 32000) -> int:
+        """A port free on this node, chosen below the ephemeral range so the kernel won't hand it out."""
+        import random
+
+        for port in random.sample(range(low, high), 200):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("", port))
+                    return port
+                except OSError:
+                    continue
+        raise RuntimeError(f"no free port in {low}-{high} on {socket.gethostname()}")
+
+    # ------------------------------------------------------------------ launch
+    def launch(self, request: LaunchRequest, workload_env_name: str = "workload") -> LaunchInfo:
+        if self._process is not None:
+            raise RuntimeError("this node actor already ran a launch")
+        self._request = request
+        base = dict(os.environ)
+        node = f"node {request.node_rank} ({socket.gethostname()})"
+        gib, gib_note = gib_layer(request.network, base, node)
+        a4ray_layer = EnvLayer("a4ray", {
+            "PYTHONUNBUFFERED": "1",  # lines must stream, not arrive in 4 KiB blocks
+            "A4RAY_NODE_RANK": str(request.node_rank),
+            "PYTHONPATH": _with_a4ray_on_path(base.get("PYTHONPATH")),
+        })
+        launch_env = build_env(base, [gib, a4ray_layer, EnvLayer(workload_env_name, request.env),
+                                      EnvLayer("user", request.network.env)])
+        launch_env.notes.insert(0, gib_note)
+        self._redactor.add(secret_values(launch_env.env))
+
+        log_dir = Path(request.log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        node_log = log_dir / f"node-{request.node_rank:02d}.log"
+        self._node_log = open(node_log, "a", buffering=1)
+        report = launch_env.report(self._redactor)
+        self._node_log.write("".join(f"# env {line}\n" for line in report))
+        self._node_log.write(f"# argv {self._redactor.text(' '.join(request.argv))}\n")
+
+        self._process = ManagedProcess(
+            request.argv, env=launch_env.env, cwd=request.cwd or None, launch_id=request.launch_id,
+            on_line=self._on_line, grace_s=request.grace_s,
+        )
+        self._process.start()
+        return LaunchInfo(env_report=report, log_file=str(node_log), pid=self._process.pid or -1)
+
+    def _on_line(self, raw: str) -> None:
+        text = self._redactor.text(raw)
+        local_rank = None
+        body = text
+        if self._request and self._request.nproc:
+            m = _TORCHRUN_PREFIX.match(text)
+            if m:
+                local_rank = int(m.group(1))
+                body = text[m.end():]
+        if body.startswith(RESULT_MARKER):
+            try:
+                self._records.append(json.loads(body[len(RESULT_MARKER):]))
+            except json.JSONDecodeError:
+                pass
+        self._write_logs(text, body, local_rank)
+        with self._lock:
+            self._seq += 1
+            self._lines.append(Line(seq=self._seq, text=body, local_rank=local_rank))
+            self._lock.notify_all()
+
+    def _write_logs(self, text: str, body: str, local_rank: int | None) -> None:
+        assert self._request is not None
+        if self._node_log:
+            self._node_log.write(text + "\n")
+        if local_rank is not None:
+            rank = self._request.node_rank * self._request.nproc + local_rank
+            f = self._rank_logs.get(rank)
+            if f is None:
+                f = self._rank_logs[rank] = open(Path(self._request.log_dir) / f"rank-{rank:04d}.log", "a", buffering=1)
+            f.write(body + "\n")
+
+    # ------------------------------------------------------------------ supervision
+    def poll(self, cursor: int, wait_s: float = 1.0) -> Poll:
+        """Lines after `cursor`; waits up to `wait_s` for some. `exit_code` is set once the process has
+        ended and every line has been handed out."""
+        deadline = time.monotonic() + wait_s
+        with self._lock:
+            while self._seq <= cursor and self._running() and time.monotonic() < deadline:
+                self._lock.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
+            lines = [line for line in self._lines if line.seq > cursor]
+            oldest = self._lines[0].seq if self._lines else self._seq + 1
+            new_cursor = lines[-1].seq if lines else cursor
+            # The reader appends every line before it marks the process done, so once it is done,
+            # the buffer is complete.
+            finished = self._process is not None and not self._running() and new_cursor >= self._seq
+        return Poll(
+            lines=lines, cursor=new_cursor, dropped=max(0, oldest - cursor - 1) if lines else 0,
+            exit_code=self._process.returncode if finished else None, running=not finished,
+        )
+
+    def _running(self) -> bool:
+        return self._process is not None and self._process.running
+
+    def stop(self, grace_s: float | None = None) -> int | None:
+        """Terminate the whole process tree of the launch (SIGTERM, wait, SIGKILL)."""
+        if self._process is None:
+            return None
+        return self._process.terminate(grace_s)
+
+    def result(self) -> NodeRun:
+        p = self._process
+        if p is not None:
+            p.wait(timeout=30)
+        with self._lock:
+            tail = [line.text for line in list(self._lines)[-40:]]
+        return NodeRun(
+            exit_code=p.returncode if p else None,
+            started_at=p.started_at if p else None,
+            ended_at=p.ended_at if p else None,
+            last_lines=tail,
+            records=list(self._records),
+            log_file=self._node_log.name if self._node_log else "",
+        )
+
+    def pids(self) -> list[int]:
+        """Live processes of this launch (for forensics and tests)."""
+        if self._process is None or self._process.pid is None:
+            return []
+        return [p.pid for p in launch_processes(self._process.pid, self._process.launch_id)]
+
+    def path_writable(self, path: str) -> bool:
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            return os.access(path, os.W_OK)
+        except OSError:
+            return False
+
+
+def _with_a4ray_on_path(pythonpath: str | None) -> str:
+    """a4ray's own modules (the DDP worker, the reaper) must import in the launched processes."""
+    root = str(Path(__file__).resolve().parents[2])
+    if Path(root).name in ("site-packages", "dist-packages"):
+        return pythonpath or ""  # installed: importable already; never put site-packages on PYTHONPATH
+    parts = [p for p in (pythonpath or "").split(os.pathsep) if p and p != root]
+    return os.pathsep.join([root, *parts])

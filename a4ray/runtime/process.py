@@ -1,0 +1,147 @@
+"""One launched command per node: its own session, its output as lines, and a guaranteed kill.
+
+torchrun's workers are grandchildren of the node actor; killing the actor's child is not enough. So a
+launch runs in its own session (process group) and carries `A4RAY_LAUNCH_ID` in its environment; to
+stop it, every process of the group *and* every process carrying the id (in case one called setsid)
+gets SIGTERM, a bounded wait, then SIGKILL. A small reaper process watches a pipe from the owner and
+does the same when the owner dies by any means (SIGKILL, node actor killed), so nothing survives to
+hold a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import psutil
+
+LAUNCH_ID_VAR = "A4RAY_LAUNCH_ID"
+
+
+def launch_processes(pgid: int | None = None, launch_id: str | None = None) -> list[psutil.Process]:
+    """Live processes of a launch: members of process group `pgid` or carrying `launch_id` in env."""
+    me = os.getpid()
+    found = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        if proc.pid == me or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            member = pgid is not None and os.getpgid(proc.pid) == pgid
+            if not member and launch_id is not None:
+                member = proc.environ().get(LAUNCH_ID_VAR) == launch_id
+        except (psutil.Error, OSError):
+            continue
+        if member:
+            found.append(proc)
+    return found
+
+
+def terminate_launch(pgid: int | None, launch_id: str | None, grace_s: float) -> int:
+    """SIGTERM every process of the launch, wait up to `grace_s`, SIGKILL what is left. Returns #killed."""
+    procs = launch_processes(pgid, launch_id)
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    # Children may have been forked after the first scan; look once more before the hard kill.
+    alive = {p.pid: p for p in alive + launch_processes(pgid, launch_id)}.values()
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(list(alive), timeout=5)
+    return len(procs)
+
+
+class ManagedProcess:
+    """Runs `argv` in a new session; feeds each output line (stdout+stderr) to `on_line`."""
+
+    def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str | None, launch_id: str,
+                 on_line: Callable[[str], None], grace_s: float = 10.0):
+        self.argv = argv
+        self.env = {**env, LAUNCH_ID_VAR: launch_id}
+        self.cwd = cwd
+        self.launch_id = launch_id
+        self.grace_s = grace_s
+        self._on_line = on_line
+        self._proc: subprocess.Popen | None = None
+        self._reaper: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+        self.returncode: int | None = None
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self._done = threading.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> None:
+        self._proc = subprocess.Popen(
+            self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.started_at = time.time()
+        # The reaper holds the read end of a pipe; when this process dies, EOF tells it to clean up.
+        self._reaper = subprocess.Popen(
+            [sys.executable, "-m", "a4ray.runtime.reaper", str(self._proc.pid), self.launch_id,
+             str(self.grace_s)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, env={**os.environ, "PYTHONPATH": _a4ray_pythonpath()},
+        )
+        self._reader = threading.Thread(target=self._read, name="a4ray-output", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc and self._proc.stdout
+        pending = b""
+        # Split on \n and \r: progress bars redraw with \r and would otherwise be one endless line.
+        for chunk in iter(lambda: self._proc.stdout.read1(65536), b""):
+            pending += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if line:
+                    self._on_line(line.decode(errors="replace"))
+        if pending:
+            self._on_line(pending.decode(errors="replace"))
+        self.returncode = self._proc.wait()
+        self.ended_at = time.time()
+        self._release_reaper()  # leftovers of a finished command (daemons it forked) are killed too
+        self._done.set()
+
+    def _release_reaper(self) -> None:
+        if self._reaper and self._reaper.stdin and not self._reaper.stdin.closed:
+            try:
+                self._reaper.stdin.close()
+            except OSError:
+                pass
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self._done.wait(timeout)
+        return self.returncode
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and not self._done.is_set()
+
+    def terminate(self, grace_s: float | None = None) -> int | None:
+        """Stop every process of the launch; returns the command's exit code."""
+        if self._proc is None:
+            return None
+        terminate_launch(self._proc.pid, self.launch_id, self.grace_s if grace_s is None else grace_s)
+        self.wait(timeout=10)
+        self._release_reaper()
+        return self.returncode
+
+
+def _a4ray_pythonpath() -> str:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)

@@ -1,0 +1,27 @@
+"""Reaper of one launch: waits for EOF on stdin (its owner closed the pipe or died), then kills the
+launch's process group and every process carrying its launch id.
+
+Usage (started by ManagedProcess, never by hand): python -m a4ray.runtime.reaper PGID LAUNCH_ID GRACE_S
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+
+def main(argv: list[str]) -> int:
+    pgid, launch_id, grace_s = int(argv[0]), argv[1], float(argv[2])
+    # Our own session: a SIGTERM/SIGINT sent to the owner's group must not stop the clean-up.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while sys.stdin.buffer.read(4096):
+        pass
+    from a4ray.runtime.process import terminate_launch
+
+    terminate_launch(pgid, launch_id, grace_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

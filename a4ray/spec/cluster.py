@@ -1,0 +1,98 @@
+"""Where a job runs: the cluster (nodes, GPUs, machine type, topology), network (gIB) and storage."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+
+from a4ray.spec.base import EnvVars, Spec
+
+# GKE's node labels for the physical topology of A4 nodes (block > subblock > host). The pod launcher
+# copies the node's GCE `physical_host` into Ray node labels under these same keys.
+GKE_BLOCK_LABEL = "cloud.google.com/gce-topology-block"
+GKE_SUBBLOCK_LABEL = "cloud.google.com/gce-topology-subblock"
+GKE_HOST_LABEL = "cloud.google.com/gce-topology-host"
+
+
+class TopologySpec(Spec):
+    """How node ranks are ordered: by physical topology labels (falling back to IP), or by IP only."""
+
+    order: Literal["physical", "ip"] = "physical"
+    block_label: str = GKE_BLOCK_LABEL
+    subblock_label: str = GKE_SUBBLOCK_LABEL
+    host_label: str = GKE_HOST_LABEL
+
+    @property
+    def label_keys(self) -> tuple[str, str, str]:
+        return (self.block_label, self.subblock_label, self.host_label)
+
+
+class ClusterSpec(Spec):
+    """The gang: `nodes` whole machines of `machine_type`, each with `gpus_per_node` GPUs."""
+
+    nodes: PositiveInt = 2
+    gpus_per_node: PositiveInt = 8
+    machine_type: str = Field("a4-highgpu-8g", pattern=r"^[a-z0-9][a-z0-9-]*$")
+    cpus_per_node: PositiveFloat = Field(1, description="Ray CPUs the node actor reserves per node")
+    start_timeout_s: PositiveFloat = Field(120, description="how long to wait for the gang to be placed")
+    stop_grace_s: PositiveFloat = Field(10, description="SIGTERM to SIGKILL grace when stopping a node")
+    topology: TopologySpec = TopologySpec()
+
+    @property
+    def node_resource(self) -> str:
+        """The Ray custom resource every node of this machine type advertises (1 per node)."""
+        return self.machine_type
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+A4_NCCL_OVERRIDES = {
+    # The A4 recipes override these after sourcing set_nccl_env.sh (hostNetwork: eth0/eth1 are the
+    # gVNICs; the tuner config is A4's, not A3U's).
+    "NCCL_SOCKET_IFNAME": "eth0,eth1",
+    "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a4.txtpb",
+}
+
+
+class NetworkSpec(Spec):
+    """NCCL networking. `gib: auto` sources the gIB script where a node has it and says where not."""
+
+    gib: Literal["on", "off", "auto"] = "auto"
+    gib_script: str = "/usr/local/gib/scripts/set_nccl_env.sh"
+    gib_overrides: EnvVars = Field(
+        default_factory=lambda: dict(A4_NCCL_OVERRIDES),
+        description="applied after the gIB script, only on nodes where gIB is used",
+    )
+    env: EnvVars = Field(default_factory=dict, description="extra NCCL/env vars; they win over all else")
+
+    @field_validator("gib_script")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError("must be an absolute path on the nodes")
+        return path
+
+    @property
+    def gib_lib_dir(self) -> str:
+        """`<gib root>/lib64`, where libnccl and the net/tuner plugins live (script is <root>/scripts/...)."""
+        root = self.gib_script.rsplit("/", 2)[0]
+        return f"{root}/lib64"
+
+
+class StorageSpec(Spec):
+    """Shared storage every node mounts. Run directories (resolved spec, logs, results) live there."""
+
+    workspace: str = Field("/mnt", description="shared workspace root on every node")
+    local_workspace: str = Field(
+        ".a4ray", description="workspace used instead on the embedded local cluster (relative to cwd)"
+    )
+
+    @field_validator("workspace")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError("must be an absolute path (the mount point on every node)")
+        return path.rstrip("/") or "/"

@@ -1,0 +1,27 @@
+"""Spec of the DDP test: a small real DDP training run on every GPU of every node."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeFloat, PositiveInt
+
+from a4ray.spec.base import Spec
+from a4ray.spec.job import JobSpec, job_kind
+
+
+class DDPTestSpec(Spec):
+    steps: PositiveInt = 20
+    hidden: PositiveInt = Field(1024, description="width of the MLP layers")
+    layers: PositiveInt = 4
+    batch_size: PositiveInt = 32
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl on GPUs, gloo on CPU")
+    tolerance: NonNegativeFloat = Field(
+        0.0, description="max abs difference allowed between ranks' parameters (DDP keeps them identical)"
+    )
+
+
+@job_kind
+class DDPTestJob(JobSpec):
+    kind: Literal["ddp_test"] = "ddp_test"
+    ddp_test: DDPTestSpec = DDPTestSpec()

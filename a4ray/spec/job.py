@@ -1,0 +1,68 @@
+"""The job spec: what every job has (cluster, network, storage, limits) plus one section per workload.
+
+Each job kind subclasses `JobSpec` with `kind: Literal["..."]` and registers itself with `@job_kind`,
+so a YAML file's `kind:` picks its model and `extra="forbid"` applies to every section.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Self
+
+from pydantic import Field, PositiveFloat, PrivateAttr, model_validator
+
+from a4ray.spec.base import Spec
+from a4ray.spec.cluster import ClusterSpec, NetworkSpec, StorageSpec
+
+JOB_KINDS: dict[str, type[JobSpec]] = {}
+
+
+def job_kind(cls: type[JobSpec]) -> type[JobSpec]:
+    """Register a JobSpec subclass under the default of its `kind` field."""
+    kind = cls.model_fields["kind"].default
+    if not isinstance(kind, str) or kind in JOB_KINDS:
+        raise TypeError(f"{cls.__name__} needs a unique default for `kind` (got {kind!r})")
+    JOB_KINDS[kind] = cls
+    return cls
+
+
+class JobSpec(Spec):
+    kind: str
+    name: str = Field(
+        "", pattern=r"^([a-z]([-a-z0-9]{0,38}[a-z0-9])?)?$",
+        description="job name (DNS label, <= 40 chars); defaults to the kind",
+    )
+    cluster: ClusterSpec = ClusterSpec()
+    network: NetworkSpec = NetworkSpec()
+    storage: StorageSpec = StorageSpec()
+    timeout_s: PositiveFloat | None = Field(None, description="wall-clock limit of the launch")
+
+    # Where the spec came from, for error messages ("jobs/x.yaml", "<python>").
+    _source: str = PrivateAttr("<python>")
+    entry_module: ClassVar[str] = ""
+
+    @model_validator(mode="after")
+    def _default_name(self) -> Self:
+        if not self.name:
+            self.name = self.kind.replace("_", "-")
+        return self
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def set(self, path: str, value: Any) -> Self:
+        """A copy with one field changed (`spec.set("cluster.nodes", 4)`), validated like `--set`."""
+        from a4ray.spec.loader import apply_overrides
+
+        return apply_overrides(self, [(path, value, f"set({path!r}, {value!r})")])
+
+    def with_sets(self, sets: list[str]) -> Self:
+        """A copy with Helm-style `a.b.c=value` overrides applied."""
+        from a4ray.spec.loader import apply_overrides, parse_sets
+
+        return apply_overrides(self, parse_sets(sets))
+
+    def to_yaml(self) -> str:
+        from a4ray.spec.loader import dump_yaml
+
+        return dump_yaml(self.model_dump(mode="json"))
