@@ -1,0 +1,74 @@
+"""Shared fixtures: one real multi-node local Ray cluster of simulated A4 nodes for the whole session.
+
+Tests that damage a cluster (remove nodes) start their own with `fresh_cluster`. Subprocess tests that
+must not find the session cluster run with `isolated_env()` (their own RAY_TMPDIR, no RAY_ADDRESS).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import ray
+
+from a4ray.runtime.connect import NAMESPACE
+from a4ray.runtime.local import SimulatedCluster
+from a4ray.spec import load_job
+
+REPO = Path(__file__).resolve().parents[1]
+SESSION_NODES = 3
+SESSION_GPUS = 2
+
+
+@pytest.fixture(scope="session")
+def local_cluster():
+    """3 simulated A4 nodes x 2 logical GPUs, connected (`ray.init`) for the whole session."""
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = SimulatedCluster(SESSION_NODES, SESSION_GPUS)
+    cluster.start()
+    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=True)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.fixture
+def fresh_cluster():
+    """A private cluster factory for tests that kill nodes; the session cluster is left alone."""
+    made: list[SimulatedCluster] = []
+
+    def make(nodes: int = 2, gpus: int = 1, **kw) -> SimulatedCluster:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster = SimulatedCluster(nodes, gpus, **kw)
+        cluster.start()
+        ray.init(address=cluster.address, namespace=NAMESPACE)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    if ray.is_initialized():
+        ray.shutdown()
+    for cluster in made:
+        cluster.shutdown()
+
+
+def job(kind: str, *sets: str, workspace: Path | None = None):
+    """A job spec of `kind` with overrides, its local workspace under `workspace` (a tmp dir)."""
+    extra = [f"storage.local_workspace={workspace}"] if workspace else []
+    return load_job(None, [*extra, *sets], kind=kind)
+
+
+def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """Env for a subprocess that must start its own embedded cluster (no RAY_ADDRESS, own RAY_TMPDIR)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))  # short: Ray's socket paths have a limit
+    env.update(RAY_TMPDIR=str(ray_tmp), PYTHONPATH=str(REPO), **extra)
+    return env
+
+
+PYTHON = sys.executable
