@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from a4ray.console import say
@@ -40,23 +37,6 @@ def shorthand_sets(args: argparse.Namespace) -> list[str]:
     return sets + list(args.set)
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """`ray job stop` sends SIGTERM: treat it like Ctrl-C so the gang is stopped cleanly."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _write_json(path: str, data: str) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(redact(data))
@@ -78,8 +58,7 @@ def job_main(kind: str, argv: list[str] | None = None, *, description: str | Non
             if args.result:
                 _write_json(args.result, plan.model_dump_json(indent=2))
             return 0
-        with sigterm_as_interrupt():
-            result = run(spec, address=args.address, local_nodes=args.local_nodes, dashboard=args.dashboard)
+        result = run(spec, address=args.address, local_nodes=args.local_nodes, dashboard=args.dashboard)
     except A4RayError as error:
         print(f"a4ray: error: {error}", file=sys.stderr, flush=True)
         if args.result:

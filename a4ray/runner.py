@@ -5,14 +5,36 @@ The `python -m a4ray.<workload>` modules, the `a4ray` CLI and the notebook API a
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+
 from a4ray.console import say
-from a4ray.errors import GangFailed
+from a4ray.errors import Cancelled, GangFailed
 from a4ray.rundir import RunDir
 from a4ray.runtime.connect import connect
 from a4ray.runtime.gang import Gang
 from a4ray.spec.job import JobSpec
 from a4ray.workloads import WORKLOADS
 from a4ray.workloads.base import Workload, WorkloadResult
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """`ray job stop` sends SIGTERM: treat it like Ctrl-C so the gang is stopped cleanly. Installed after
+    `ray.init`, which sets a SIGTERM handler of its own that would exit without stopping the gang."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def workload_for(spec: JobSpec) -> Workload:
@@ -33,11 +55,11 @@ def run(spec: JobSpec, *, address: str | None = None, local_nodes: int | None = 
         say(f"run directory: {run_dir.root}")
         run_dir.write("spec.yaml", spec.to_yaml())
         run_dir.write("plan.json", work.plan())
-        with Gang(spec, log_dir=str(run_dir.logs), run_dir=str(run_dir.root)) as gang:
+        with Gang(spec, log_dir=str(run_dir.logs), run_dir=str(run_dir.root)) as gang, sigterm_as_interrupt():
             try:
                 gang_result = gang.run(work.launch, timeout_s=spec.timeout_s, env_name=spec.kind)
             except GangFailed as failure:
-                if failure.result is None:
+                if failure.result is None or isinstance(failure, Cancelled):
                     raise
                 say(f"FAILED: {failure}")
                 gang_result = failure.result

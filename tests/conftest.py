@@ -24,16 +24,23 @@ SESSION_GPUS = 2
 
 
 @pytest.fixture(scope="session")
-def local_cluster():
-    """3 simulated A4 nodes x 2 logical GPUs, connected (`ray.init`) for the whole session."""
-    if ray.is_initialized():
-        ray.shutdown()
+def _session_cluster():
     cluster = SimulatedCluster(SESSION_NODES, SESSION_GPUS)
     cluster.start()
-    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=True)
     yield cluster
-    ray.shutdown()
+    if ray.is_initialized():
+        ray.shutdown()
     cluster.shutdown()
+
+
+@pytest.fixture
+def local_cluster(_session_cluster):
+    """3 simulated A4 nodes x 2 logical GPUs, shared by the session; this process is connected to it."""
+    if ray.is_initialized() and ray.get_runtime_context().gcs_address != _session_cluster.address:
+        ray.shutdown()
+    if not ray.is_initialized():
+        ray.init(address=_session_cluster.address, namespace=NAMESPACE)
+    return _session_cluster
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ Lifecycle (one owner, as in Ray Train's worker group):
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from a4ray.console import say
-from a4ray.errors import Cancelled, GangFailed, GangStartTimeout, GangTimeout
+from a4ray.errors import A4RayError, Cancelled, GangFailed, GangStartTimeout, GangTimeout
 from a4ray.netenv import NEVER_OVERRIDE
 from a4ray.runtime.node_actor import LaunchRequest, Line, NodeActor, NodeRun, Poll
 from a4ray.runtime.topology import NodeFacts, rank_order
@@ -166,7 +167,15 @@ class Gang:
             )
             for rank, launch in enumerate(launches)
         ]
-        infos = ray.get([a.launch.remote(r, env_name) for a, r in zip(self.actors, requests)])
+        refs = [a.launch.remote(r, env_name) for a, r in zip(self.actors, requests)]
+        try:
+            infos = ray.get(refs)
+        except ray.exceptions.RayTaskError as error:
+            # A node refused to launch (gIB missing, bad cwd, ...): stop the nodes that did start.
+            ray.wait(refs, num_returns=len(refs), timeout=60)
+            self.stop()
+            cause = error.cause if isinstance(error.cause, A4RayError) else None
+            raise (cause or GangFailed(f"launch failed on a node: {error}")) from None
         for rank, info in enumerate(infos):
             say(f"[n{rank}] env ({len(info.env_report)} set by a4ray, secrets masked): "
                 + "; ".join(info.env_report))
@@ -191,8 +200,7 @@ class Gang:
             except Exception:  # noqa: BLE001 - a node that cannot answer now is as good as lost
                 nodes.append(NodeResult(**base, status="lost", last_lines=outcome.tails.get(rank, [])))
                 continue
-            status = ("stopped" if rank in outcome.stopped and run.exit_code != 0 else
-                      "succeeded" if run.exit_code == 0 else "failed")
+            status = "stopped" if run.stopped else "succeeded" if run.exit_code == 0 else "failed"
             duration = (run.ended_at - run.started_at) if run.ended_at and run.started_at else None
             nodes.append(NodeResult(**base, status=status, exit_code=run.exit_code, duration_s=duration,
                                     last_lines=run.last_lines[-_LAST_LINES:], records=run.records,
@@ -241,7 +249,6 @@ class _Outcome:
         self.message: str | None = None
         self.hint: str | None = None
         self.lost: set[int] = set()
-        self.stopped: set[int] = set()
         self.tails: dict[int, list[str]] = {}
 
 
@@ -254,6 +261,7 @@ class _Supervisor:
         self.deadline = time.monotonic() + timeout_s if timeout_s else None
         self.timeout_s = timeout_s
         self.cursors = {rank: 0 for rank in range(len(gang.actors))}
+        self.rank_tails: dict[tuple[int, int], list[str]] = {}
         self.outcome = _Outcome()
 
     def _emit(self, rank: int, poll: Poll) -> None:
@@ -264,6 +272,9 @@ class _Supervisor:
         for line in poll.lines:
             if line.local_rank is not None:
                 print(f"[n{rank} r{rank * self.nproc[rank] + line.local_rank}] {line.text}", flush=True)
+                rank_tail = self.rank_tails.setdefault((rank, line.local_rank), [])
+                rank_tail.append(line.text)
+                del rank_tail[:-_LAST_LINES]
             else:
                 print(f"[n{rank}] {line.text}", flush=True)
             for observer in self.gang.observers:
@@ -313,14 +324,20 @@ class _Supervisor:
         if kind == "lost":
             out.lost.add(rank)
         tail = out.tails.get(rank, [])
-        out.message = message + ("; last lines:\n" + "\n".join(f"    {t}" for t in tail[-_LAST_LINES:])
-                                 if tail else "")
+        cause = _torchrun_root_cause(tail) if self.nproc.get(rank) else None
+        if cause and (rank, cause[1]) in self.rank_tails:
+            global_rank, local_rank, code = cause
+            message += f": rank {global_rank} (local rank {local_rank}) failed first, with exit code {code}"
+            tail = self.rank_tails[(rank, local_rank)]
+            message += f"; last lines of rank {global_rank}"
+        else:
+            message += "; last lines"
+        out.message = message + (":\n" + "\n".join(f"    {t}" for t in tail[-_LAST_LINES:]) if tail else "")
 
     def _finish(self, pending: dict) -> _Outcome:
         """Stop every still-running node, then drain the lines they printed while stopping."""
         gang, out = self.gang, self.outcome
         running = set(pending.values())
-        out.stopped = running
         say(f"stopping {len(running)} node(s): {out.message.splitlines()[0] if out.message else ''}")
         gang.stop(skip=out.lost)
         for rank in sorted(running - out.lost):
@@ -330,6 +347,25 @@ class _Supervisor:
             except Exception:  # noqa: BLE001 - an actor that died while stopping is reported as lost
                 out.lost.add(rank)
         return out
+
+
+_ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_ROOT_CAUSE_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def _torchrun_root_cause(lines: list[str]) -> tuple[int, int, int] | None:
+    """(global rank, local rank, exit code) from torchrun's "Root Cause (first observed failure)" report."""
+    try:
+        start = max(i for i, line in enumerate(lines) if "Root Cause" in line)
+    except ValueError:
+        return None
+    rank = code = None
+    for line in lines[start:]:
+        if rank is None and (m := _ROOT_CAUSE_RANK.match(line)):
+            rank = (int(m.group(1)), int(m.group(2)))
+        elif code is None and (m := _ROOT_CAUSE_CODE.match(line)):
+            code = int(m.group(1))
+    return (*rank, code) if rank and code is not None else None
 
 
 def _signal_name(code: int) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 
 from a4ray.console import say, warn
@@ -42,11 +43,17 @@ def physical_gpu_ids() -> list[str]:
     return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 class SimulatedCluster:
     def __init__(self, nodes: int, gpus_per_node: int, *, machine_type: str = "a4-highgpu-8g",
                  topology: TopologySpec | None = None, cpus_per_node: int = 4,
                  dashboard: bool = False, dashboard_port: int | None = None,
-                 object_store_mb: int = 256, persistent: bool = False):
+                 object_store_mb: int = 256, persistent: bool = False, node_env: dict[str, str] | None = None):
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.machine_type = machine_type
@@ -56,6 +63,7 @@ class SimulatedCluster:
         self.dashboard_port = dashboard_port
         self.object_store_mb = object_store_mb
         self.persistent = persistent
+        self.node_env = dict(node_env or {})  # extra environment of every simulated node (its raylet)
         self.cluster = None
         self.workers: dict[int, object] = {}  # simulated node index -> ray._private.node.Node
         self._gpu_slices: list[str] | None = None
@@ -78,8 +86,10 @@ class SimulatedCluster:
         elif physical:
             warn(f"{self.nodes} simulated nodes x {self.gpus_per_node} GPUs need {self.nodes * self.gpus_per_node} "
                  f"GPUs; this machine has {len(physical)}: simulated GPUs are logical only")
+        # The head's dashboard agent would take the fixed port 52365; another Ray on this machine may
+        # hold it, and then job submission finds no agent. Workers already get random ports.
         head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard,
-                    object_store_memory=128 * 2**20)
+                    object_store_memory=128 * 2**20, dashboard_agent_listen_port=_free_port())
         if self.dashboard and self.dashboard_port:
             head["dashboard_port"] = self.dashboard_port
         self.cluster = Cluster(initialize_head=True, head_node_args=head,
@@ -93,7 +103,7 @@ class SimulatedCluster:
         assert self.cluster is not None
         if index is None:
             index = max(self.workers, default=-1) + 1
-        env = {}
+        env = dict(self.node_env)
         if self._gpu_slices is not None and (index + 1) * self.gpus_per_node <= len(self._gpu_slices):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(
                 self._gpu_slices[index * self.gpus_per_node:(index + 1) * self.gpus_per_node])

@@ -8,6 +8,7 @@ in-memory tail the driver polls), and stops the whole process tree on request or
 from __future__ import annotations
 
 import collections
+import shlex
 import json
 import os
 import re
@@ -68,6 +69,7 @@ class NodeRun(BaseModel):
     """What one node's launch produced."""
 
     exit_code: int | None
+    stopped: bool = False  # ended because a4ray stopped it
     started_at: float | None
     ended_at: float | None
     last_lines: list[str]
@@ -139,7 +141,7 @@ class NodeActor:
         self._node_log = open(node_log, "a", buffering=1)
         report = launch_env.report(self._redactor)
         self._node_log.write("".join(f"# env {line}\n" for line in report))
-        self._node_log.write(f"# argv {self._redactor.text(' '.join(request.argv))}\n")
+        self._node_log.write(f"# argv {self._redactor.text(shlex.join(request.argv))}\n")
 
         self._process = ManagedProcess(
             request.argv, env=launch_env.env, cwd=request.cwd or None, launch_id=request.launch_id,
@@ -215,6 +217,7 @@ class NodeActor:
             tail = [line.text for line in list(self._lines)[-40:]]
         return NodeRun(
             exit_code=p.returncode if p else None,
+            stopped=p.stopped if p else False,
             started_at=p.started_at if p else None,
             ended_at=p.ended_at if p else None,
             last_lines=tail,

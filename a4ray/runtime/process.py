@@ -76,6 +76,7 @@ class ManagedProcess:
         self._reaper: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
         self.returncode: int | None = None
+        self.stopped = False  # True if a stop was requested while it ran: its exit code is ours, not its
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self._done = threading.Event()
@@ -136,6 +137,7 @@ class ManagedProcess:
         """Stop every process of the launch; returns the command's exit code."""
         if self._proc is None:
             return None
+        self.stopped = self.running
         terminate_launch(self._proc.pid, self.launch_id, self.grace_s if grace_s is None else grace_s)
         self.wait(timeout=10)
         self._release_reaper()

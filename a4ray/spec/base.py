@@ -36,3 +36,13 @@ def _env_map(value: Any) -> Any:
 
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
 EnvVars = Annotated[dict[str, EnvValue], BeforeValidator(_env_map)]
+
+
+def _arg(value: Any) -> Any:
+    # In argv, YAML's scalars mean their text: `[true]` is the command `true`, `[sleep, 5]` sleeps.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value) if isinstance(value, (int, float)) else value
+
+
+Arg = Annotated[str, BeforeValidator(_arg)]

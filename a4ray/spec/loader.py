@@ -10,6 +10,7 @@ supplied the value, e.g.::
 
 from __future__ import annotations
 
+import copy
 import difflib
 import types
 import typing
@@ -154,13 +155,17 @@ def apply_overrides(spec: J, overrides: list[Override]) -> J:
     if not overrides:
         return spec
     data = spec.model_dump(mode="json")
+    origins = _assign_all(data, overrides)
+    return validate(type(spec), data, getattr(spec, "source", "<python>"), origins)
+
+
+def _assign_all(data: dict, overrides: list[Override]) -> dict[tuple, str]:
     origins: dict[tuple, str] = {}
     for path, value, origin in overrides:
         tokens = parse_path(path)
         _assign(data, tokens, value, origin)
         origins[tuple(tokens)] = origin
-    source = getattr(spec, "source", "<python>")
-    return validate(type(spec), data, source, origins)
+    return origins
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -198,7 +203,11 @@ def _describe(error: dict, cls: type[BaseModel]) -> str:
         return text + (f" (allowed: {', '.join(allowed)})" if allowed else "")
     if kind == "missing":
         return "required field is missing"
-    msg = error["msg"].replace("Input should be", "expected").replace("Value error, ", "")
+    msg = error["msg"].replace("Value error, ", "")
+    if msg.startswith("Input should be "):
+        wanted = msg.removeprefix("Input should be ")
+        article = "" if wanted.startswith(("a ", "an ", "'", '"', "one of", "a valid")) else "a value "
+        msg = f"expected {article}{wanted}"
     given = error.get("input")
     if kind != "model_type" and not isinstance(given, (dict, list)):
         shown = repr(given)
@@ -248,5 +257,14 @@ def load_job(path: str | Path | None, sets: list[str] | tuple[str, ...] = (), ki
     cls = JOB_KINDS.get(data["kind"])
     if cls is None:
         raise SpecError(source, [f"kind: unknown job kind {data['kind']!r} (known: {', '.join(sorted(JOB_KINDS))})"])
-    spec = validate(cls, data, source)
-    return apply_overrides(spec, parse_sets(list(sets)))
+    overrides = parse_sets(list(sets))
+    try:
+        spec = validate(cls, data, source)
+    except SpecError:
+        if not overrides:
+            raise
+        # The file alone may lack what an override supplies (a required field): validate them together.
+        merged = copy.deepcopy(data)
+        return validate(cls, merged, source, _assign_all(merged, overrides))
+    # Overrides apply to the full spec, defaults included, so `a.list[0].x=` reaches default lists too.
+    return apply_overrides(spec, overrides)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from abc import ABC, abstractmethod
 from typing import ClassVar, Generic, TypeVar
 
@@ -54,7 +55,7 @@ class Plan(BaseModel):
         lines += [f"  {line}" for line in self.env]
         for node in self.nodes:
             lines.append(f"node {node.rank}:")
-            lines.append("  " + " ".join(node.argv))
+            lines.append("  " + shlex.join(node.argv))
             if node.env:
                 shown = Redactor(secret_values(node.env)).env(node.env)
                 lines.append("  env: " + " ".join(f"{k}={v}" for k, v in shown.items()))

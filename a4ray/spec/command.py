@@ -1,0 +1,23 @@
+"""Spec of the generic command job: run one command on every node of the gang (optionally under torchrun)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveInt
+
+from a4ray.spec.base import Arg, EnvVars, Spec
+from a4ray.spec.job import JobSpec, job_kind
+
+
+class CommandSpec(Spec):
+    argv: list[Arg] = Field(min_length=1, description="the command; with torchrun: the script/-m module and its args")
+    torchrun: bool = Field(False, description="launch argv under torchrun (one process per GPU)")
+    nproc: PositiveInt | None = Field(None, description="torchrun processes per node (default: GPUs per node)")
+    env: EnvVars = Field(default_factory=dict)
+
+
+@job_kind
+class CommandJob(JobSpec):
+    kind: Literal["command"] = "command"
+    command: CommandSpec

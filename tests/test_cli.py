@@ -1,0 +1,137 @@
+"""The entry points as a user runs them: `python -m a4ray.ddp_test` on an embedded cluster, `--dry-run`,
+cancellation by SIGTERM (what `ray job stop` sends), and `ray job submit` onto `a4ray local up`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import PYTHON, REPO, isolated_env
+
+pytestmark = pytest.mark.slow
+
+
+def leftovers(marker: str) -> list[str]:
+    """Command lines of live processes that mention `marker` (a RAY_TMPDIR, a launch id, ...)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(proc.info["cmdline"] or []):
+                found.append(" ".join(proc.info["cmdline"]))
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_gone(marker: str, within_s: float = 30) -> list[str]:
+    deadline = time.monotonic() + within_s
+    while (left := leftovers(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def test_ddp_test_module_on_an_embedded_cluster(tmp_path):
+    result = tmp_path / "r.json"
+    env = isolated_env(tmp_path)
+    proc = subprocess.run(
+        [PYTHON, "-m", "a4ray.ddp_test", "--local-nodes", "2", "--gpus-per-node", "2", "--result", str(result),
+         "--set", "ddp_test.hidden=128", "--set", f"storage.local_workspace={tmp_path / 'ws'}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "cluster: embedded local Ray cluster" in proc.stdout
+    assert "[n1 r3]" in proc.stdout and "PASS: 4/4 ranks over 2 nodes" in proc.stdout
+    data = json.loads(result.read_text())
+    assert data["ok"] and data["nodes"] == 2
+    assert sorted(r["rank"] for r in data["ranks"] if r["passed"]) == [0, 1, 2, 3]
+    assert not wait_gone(env["RAY_TMPDIR"]), "the embedded cluster was shut down"
+
+
+def test_dry_run_prints_the_plan_without_a_cluster(tmp_path):
+    proc = subprocess.run(
+        [PYTHON, "-m", "a4ray.ddp_test", "--dry-run", "--set", "cluster.nodes=4", "--set",
+         "network.env.HF_TOKEN=hf_dryrunSECRET123", "--result", str(tmp_path / "plan.json")],
+        cwd=REPO, env=isolated_env(tmp_path), capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "4 node(s)" in out and "node 3:" in out and "--node-rank=3" in out and "--nnodes=4" in out
+    assert "source /usr/local/gib/scripts/set_nccl_env.sh" in out and "NCCL_SOCKET_IFNAME=eth0,eth1" in out
+    assert "hf_dryrunSECRET123" not in out and "HF_TOKEN=***" in out
+    assert len(json.loads((tmp_path / "plan.json").read_text())["nodes"]) == 4
+
+
+def test_a_bad_spec_fails_before_any_cluster_starts(tmp_path):
+    proc = subprocess.run([PYTHON, "-m", "a4ray.ddp_test", "--set", "cluster.nodes=0"], cwd=REPO,
+                          env=isolated_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "cluster.nodes: expected a value greater than 0" in proc.stderr
+    assert "cluster:" not in proc.stdout
+
+
+def test_sigterm_cancels_the_gang_and_shuts_the_cluster_down(tmp_path):
+    spec = tmp_path / "sleep.yaml"
+    marker = f"a4ray-cancel-{uuid.uuid4().hex[:8]}"
+    spec.write_text(f"kind: command\ncommand: {{argv: [bash, -c, 'echo started; exec -a {marker} sleep 600']}}\n"
+                    f"cluster: {{nodes: 2, gpus_per_node: 1}}\nstorage: {{local_workspace: {tmp_path / 'ws'}}}\n")
+    env = isolated_env(tmp_path)
+    proc = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "run", "-f", str(spec)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    while sum("] started" in line for line in seen) < 2:  # both nodes are running the command
+        line = proc.stdout.readline()
+        assert line, "".join(seen)
+        seen.append(line)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(seen) + out
+    assert "cancelled" in out
+    assert not wait_gone(marker), "no process of the launch survives"
+    assert not wait_gone(env["RAY_TMPDIR"]), "the embedded cluster is shut down"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ray_job_submit_onto_a4ray_local_up(tmp_path):
+    env = isolated_env(tmp_path, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    port = free_port()
+    head = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "local", "up", "--nodes", "2", "--gpus-per-node", "1",
+                             "--dashboard-port", str(port)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in head.stdout:
+            if "ready" in line:
+                break
+        else:
+            pytest.fail("a4ray local up did not come up")
+        job_id = f"a4ray-test-{uuid.uuid4().hex[:8]}"
+        address = f"http://127.0.0.1:{port}"
+        submit = subprocess.run(
+            ["ray", "job", "submit", "--address", address, "--submission-id", job_id, "--working-dir", str(REPO),
+             "--", "python", "-m", "a4ray.ddp_test", "--local-nodes", "2", "--gpus-per-node", "1",
+             "--set", "ddp_test.hidden=64", "--set", "ddp_test.steps=3"],
+            env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
+        logs = subprocess.run(["ray", "job", "logs", "--address", address, job_id], env=env,
+                              capture_output=True, text=True, timeout=60).stdout
+        assert "cluster: Ray cluster at" in logs and "(from RAY_ADDRESS" in logs
+        assert "[n0 r0]" in logs and "[n1 r1]" in logs and "PASS: 2/2 ranks over 2 nodes" in logs
+    finally:
+        head.send_signal(signal.SIGINT)
+        head.wait(timeout=60)
+    assert not wait_gone(env["RAY_TMPDIR"])

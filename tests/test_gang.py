@@ -1,0 +1,205 @@
+"""The gang on a real local multi-node Ray cluster: placement, rank order, the DDP test over gloo, and the
+failure paths (a failing rank, a hanging rank, a killed node actor, a lost node, a timeout), each of which
+must end the whole gang with a message naming the node and leave no process of the launch alive."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import ray
+
+from a4ray.errors import GangFailed, GangStartTimeout, GangTimeout, GibMissing
+from a4ray.runner import run
+from a4ray.runtime.gang import Gang
+from a4ray.runtime.process import LAUNCH_ID_VAR
+from a4ray.spec.cluster import GKE_HOST_LABEL
+from a4ray.workloads.command import Command
+from conftest import job
+
+pytestmark = pytest.mark.slow
+
+SENTINEL = "hf_gangSENTINEL_0123456789abcdef"
+
+
+def launch_leftovers(launch_id: str) -> list[psutil.Process]:
+    """Processes still carrying one of this gang's launch ids in their environment."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(LAUNCH_ID_VAR, "").startswith(launch_id):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def assert_no_leftovers(launch_id: str, within_s: float = 30.0) -> None:
+    deadline = time.monotonic() + within_s
+    while (left := launch_leftovers(launch_id)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes of launch {launch_id} survived: {[p.cmdline() for p in left]}"
+
+
+def run_gang(spec, on_line=None):
+    """Run a command job on a gang; returns (result or error, gang)."""
+    gang = Gang(spec, log_dir=str(Path(spec.storage.local_workspace) / "logs"))
+    if on_line:
+        gang.observers.append(lambda rank, line: on_line(gang, rank, line))
+    try:
+        return gang.run(Command(spec).launch, timeout_s=spec.timeout_s), gang
+    except GangFailed as error:
+        return error, gang
+    finally:
+        gang.close()
+
+
+def test_ddp_test_end_to_end_over_gloo(local_cluster, tmp_path):
+    spec = job("ddp_test", "cluster.nodes=2", "cluster.gpus_per_node=2", "ddp_test.steps=5",
+               "ddp_test.hidden=128", workspace=tmp_path)
+    result = run(spec)
+    assert result.ok, result.verdict
+    assert result.verdict.startswith("PASS: 4/4 ranks over 2 nodes")
+    assert sorted(r.rank for r in result.ranks) == [0, 1, 2, 3]
+    assert {(r.rank, r.node_rank) for r in result.ranks} == {(0, 0), (1, 0), (2, 1), (3, 1)}
+    assert all(r.backend == "gloo" and r.param_max_diff == 0 and r.allreduce_ok for r in result.ranks)
+
+    gang = result.gang
+    hosts = [n.location.rsplit("/", 1)[-1] for n in gang.nodes]
+    assert hosts == sorted(hosts), "node ranks follow the simulated physical topology"
+    run_dir = Path(gang.log_dir).parent
+    assert {"spec.yaml", "plan.json", "result.json"} <= {p.name for p in run_dir.iterdir()}
+    assert json.loads((run_dir / "result.json").read_text())["ok"] is True
+    logs = Path(gang.log_dir)
+    for rank in range(4):
+        assert "A4RAY_RESULT" in (logs / f"rank-{rank:04d}.log").read_text()
+    node0 = (logs / "node-00.log").read_text()
+    assert "# env A4RAY_NODE_RANK=0" in node0 and "[default0]:" in node0
+
+
+def test_rank_order_and_master_follow_topology_labels(local_cluster):
+    spec = job("command", "cluster.nodes=3", "cluster.gpus_per_node=1", "command.argv=[true]")
+    gang = Gang(spec, log_dir="/tmp")
+    try:
+        nodes = gang.start()
+        hosts = [n.labels[GKE_HOST_LABEL] for n in nodes]
+        assert hosts == ["sim-host-000", "sim-host-001", "sim-host-002"]
+        assert gang.context(2).master_addr == nodes[0].ip
+        assert gang.context(2).rank == 2 and gang.context(2).nnodes == 3
+        assert isinstance(gang.master_port, int) and 20000 <= gang.master_port < 32000
+    finally:
+        gang.close()
+
+
+def test_infeasible_gang_fails_within_its_timeout_with_a_clear_message(local_cluster):
+    spec = job("command", "cluster.nodes=5", "cluster.gpus_per_node=2", "cluster.start_timeout_s=2",
+               "command.argv=[true]")
+    with pytest.raises(GangStartTimeout) as e:
+        Gang(spec, log_dir="/tmp").start()
+    text = str(e.value)
+    assert "needs 5 node(s) with resource 'a4-highgpu-8g' and 2 GPU(s) each" in text
+    assert "the cluster has 3 such node(s)" in text and "start_timeout_s=2" in text
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=4", "cluster.start_timeout_s=2",
+               "command.argv=[true]")
+    with pytest.raises(GangStartTimeout) as e:
+        Gang(spec, log_dir="/tmp").start()
+    assert "0 with enough GPUs" in str(e.value)
+    # The failed gangs released what they had: a feasible gang still places.
+    gang = Gang(job("command", "cluster.nodes=3", "cluster.gpus_per_node=2", "command.argv=[true]"), log_dir="/tmp")
+    gang.start()
+    gang.close()
+
+
+def test_a_failing_rank_ends_the_gang_and_a_hanging_rank_is_killed(local_cluster, tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "rank = int(os.environ['RANK'])\n"
+        "print(f'rank {rank} up', flush=True)\n"
+        "if rank == 1:\n"
+        "    time.sleep(2); print('rank 1 fails now', flush=True); sys.exit(3)\n"
+        "if rank >= 2:  # node 1's ranks hang and ignore SIGTERM: a4ray must escalate to SIGKILL\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "time.sleep(600)\n"
+    )
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", "cluster.stop_grace_s=2",
+               f"command.argv=[{script}]", "command.torchrun=true", workspace=tmp_path)
+    error, gang = run_gang(spec)
+    assert isinstance(error, GangFailed) and not isinstance(error, GangTimeout)
+    text = str(error)
+    assert text.startswith("node 0 (") and "exited with code 1" in text
+    assert "rank 1 fails now" in text  # the failing node's last lines are in the message
+    nodes = {n.rank: n for n in error.result.nodes}
+    assert nodes[0].status == "failed" and nodes[0].exit_code == 1
+    assert nodes[1].status == "stopped"
+    assert_no_leftovers(error.result.launch_id)
+
+
+def test_a_killed_node_actor_ends_the_gang_and_its_processes(local_cluster, tmp_path):
+    def kill_node_1(gang, rank, line):
+        if rank == 1 and "started" in line.text:
+            threading.Thread(target=ray.kill, args=(gang.actors[1],)).start()
+
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1",
+               "command.argv=[bash, -c, 'echo started; sleep 600']", workspace=tmp_path)
+    error, gang = run_gang(spec, on_line=kill_node_1)
+    assert isinstance(error, GangFailed)
+    assert "node 1 (" in str(error) and "was lost: its node actor died" in str(error)
+    assert {n.rank: n.status for n in error.result.nodes} == {0: "stopped", 1: "lost"}, error.result.model_dump_json(indent=1)
+    assert_no_leftovers(error.result.launch_id)
+
+
+def test_timeout_stops_every_node(local_cluster, tmp_path):
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "timeout_s=3",
+               "command.argv=[bash, -c, 'sleep 600 & wait']", workspace=tmp_path)
+    error, gang = run_gang(spec)
+    assert isinstance(error, GangTimeout) and "ran past its timeout (3s)" in str(error)
+    assert_no_leftovers(error.result.launch_id)
+
+
+def test_success_streams_lines_and_masks_secrets(local_cluster, tmp_path, capfd):
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", f"network.env.HF_TOKEN={SENTINEL}",
+               "command.argv=[bash, -c, 'echo node=$NODE_RANK of $NNODES master=$MASTER_ADDR token=$HF_TOKEN']",
+               workspace=tmp_path)
+    result, gang = run_gang(spec)
+    assert result.ok and [n.status for n in result.nodes] == ["succeeded", "succeeded"]
+    out = capfd.readouterr().out
+    assert "[n0] node=0 of 2 master=" in out and "[n1] node=1 of 2" in out
+    assert "token=***" in out and "HF_TOKEN=***  [user]" in out
+    logs = "".join(p.read_text() for p in Path(result.log_dir).glob("*.log"))
+    assert SENTINEL not in out + logs + result.model_dump_json()
+
+
+def test_gib_env_on_nodes_and_node_loss(fresh_cluster, tmp_path):
+    """On a private cluster whose nodes keep NVLink multicast off (as the GPU hosts do): gIB is sourced
+    on the node, the operator's NCCL_NVLS_ENABLE=0 survives a user override; then a node is lost."""
+    gib = tmp_path / "gib" / "scripts"
+    gib.mkdir(parents=True)
+    (gib / "set_nccl_env.sh").write_text("export NCCL_NET=gIB NCCL_IB_TC=52 NCCL_NVLS_ENABLE=1\n")
+    cluster = fresh_cluster(nodes=2, gpus=1, node_env={"NCCL_NVLS_ENABLE": "0"})
+    probe = "echo NET=$NCCL_NET IF=$NCCL_SOCKET_IFNAME NVLS=$NCCL_NVLS_ENABLE LD=$LD_LIBRARY_PATH"
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "network.gib=on",
+               f"network.gib_script={gib / 'set_nccl_env.sh'}", "network.env.NCCL_NVLS_ENABLE=1",
+               f"command.argv=[bash, -c, '{probe}']", workspace=tmp_path)
+    result, _ = run_gang(spec)
+    assert result.ok
+    for node in result.nodes:
+        line = next(t for t in node.last_lines if t.startswith("NET="))
+        assert f"NET=gIB IF=eth0,eth1 NVLS=0 LD={tmp_path}/gib/lib64" in line
+
+    with pytest.raises(GibMissing) as e:
+        run_gang(spec.set("network.gib_script", "/nonexistent/set_nccl_env.sh"))
+    assert "node 0 (" in str(e.value) or "node 1 (" in str(e.value)
+
+    def lose_node_1(gang, rank, line):
+        if rank == 1 and "started" in line.text:
+            threading.Thread(target=cluster.remove_node, args=(1,)).start()
+
+    error, _ = run_gang(spec.set("network.gib", "off").set("command.argv", ["bash", "-c", "echo started; sleep 600"]),
+                        on_line=lose_node_1)
+    assert isinstance(error, GangFailed) and "node 1 (" in str(error) and "was lost" in str(error)
+    assert_no_leftovers(error.result.launch_id, within_s=60)
