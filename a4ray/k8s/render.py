@@ -383,7 +383,8 @@ def default_entrypoint(spec: JobSpec, config: str | None, sets: list[str]) -> li
     if config:
         argv += ["--config", config]
     for item in sets:
-        argv += ["--set", item]
+        if not item.startswith("kuberay."):  # how the cluster is built is no concern of the job's driver
+            argv += ["--set", item]
     return argv
 
 

@@ -190,6 +190,9 @@ def cluster_spec_problems(spec: dict, where: str = "spec") -> list[str]:
         low, high = group.get("minReplicas"), group.get("maxReplicas")
         if not autoscaling and (low is None or high is None):
             problems.append(f"{at}: minReplicas and maxReplicas must both be set when autoscaling is off")
+        for field, value in (("minReplicas", low), ("maxReplicas", high)):
+            if value is not None and value < 0:
+                problems.append(f"{at}.{field}: {value} is negative")
         if low is not None and high is not None and low > high:
             problems.append(f"{at}: minReplicas {low} is greater than maxReplicas {high}")
         replicas = group.get("replicas")
@@ -274,7 +277,7 @@ def kueue_problems(obj: dict) -> list[str]:
 def manifest_problems(obj: dict, schema: dict | None = None) -> list[str]:
     """Every reason the API server, the KubeRay operator or Kueue would refuse `obj`."""
     problems = schema_problems(obj, schema)
-    if problems and problems[0].startswith(("kind:", "apiVersion:")):
+    if problems:  # the API server refuses it before the operator or Kueue ever see it
         return problems
     name = (obj.get("metadata") or {}).get("name", "")
     spec = obj.get("spec") or {}
