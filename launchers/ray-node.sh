@@ -62,7 +62,7 @@ setup_gib() {
     log "gIB: $gib_script not found; Ray starts without the gIB NCCL env (A4RAY_GIB=auto)"
     return
   fi
-  # A third-party script: it may read unset variables or return non-zero from its last test.
+  # A third-party script: it may read unset variables, and must not stop this one on its own errors.
   set +eu
   # shellcheck source=/dev/null
   source "$gib_script"
