@@ -278,3 +278,22 @@ def test_submit_and_logs_through_the_port_forward_with_the_token(authed_head, ca
         with pytest.raises(Exception, match="(?i)authenticat|forbidden|401|403"):
             kc.job_client(forward.url, "wrong-token").list_jobs()
     assert len(opened) >= 2  # one stream per connection, as kubectl port-forward
+
+
+def test_status_lists_clusters_and_jobs(kube, capsys):
+    listing = {"rayclusters": [{"metadata": {"name": "a4", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                                "spec": {"workerGroupSpecs": [{"replicas": 4}]},
+                                "status": {"state": "ready", "readyWorkerReplicas": 3, "desiredWorkerReplicas": 4}}],
+               "rayjobs": [{"metadata": {"name": "qwen3-next"}, "spec": {},
+                            "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
+                                       "rayClusterName": "qwen3-next-x7k2"}}]}
+    kube["kube"] = kc.Kube(FakeApi(list_namespaced_custom_object=lambda plural, **_: {"items": listing[plural]}),
+                           FakeApi())
+    assert cli(["status", "-n", "team-a"]) == 0
+    out = capsys.readouterr().out
+    assert "ready; head not ready; workers 3/4 ready" in out
+    assert "Running; job RUNNING; cluster qwen3-next-x7k2" in out
+    assert kube["kube"].custom.calls[0] == ("list_namespaced_custom_object", {
+        "group": "ray.io", "version": "v1", "namespace": "team-a", "plural": "rayclusters",
+        "label_selector": "app.kubernetes.io/managed-by=a4ray"})
+    assert cli(["status", "nothing-here"]) == 1

@@ -69,6 +69,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     status = sub.add_parser("status", help="a4ray's RayClusters and RayJobs, one line each")
     status.add_argument("name", nargs="?")
     _kube_options(status, namespace=True)
+    status.add_argument("--dry-run", action="store_true", help="print the API calls it would make")
     status.set_defaults(func=_status)
 
     submit = sub.add_parser("submit", help="run a job: on a RayCluster (--cluster) or as a RayJob")
@@ -86,6 +87,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     logs.add_argument("--job-id", help="Ray job submission id")
     logs.add_argument("--follow", action="store_true", help="keep printing until the job ends")
     _kube_options(logs, namespace=True)
+    logs.add_argument("--dry-run", action="store_true", help="say what it would read, and from where")
     logs.set_defaults(func=_logs)
 
 
@@ -213,8 +215,11 @@ def _down(args: argparse.Namespace) -> int:
 @_main
 def _status(args: argparse.Namespace) -> int:
     from a4ray.console import table
-    from a4ray.k8s.client import cluster_summary, job_summary
+    from a4ray.k8s.client import cluster_summary, job_summary, list_call, print_plan
 
+    if args.dry_run:
+        print_plan([list_call(kind, args.namespace) for kind in ("RayCluster", "RayJob")])
+        return 0
     kube = _connect(args)
     rows = []
     for kind, summary in (("RayCluster", cluster_summary), ("RayJob", job_summary)):
@@ -322,6 +327,11 @@ def _follow_rayjob(kube, name: str, namespace: str, timeout_s: float) -> int:
 def _logs(args: argparse.Namespace) -> int:
     from a4ray.k8s.client import dashboard, follow_logs
 
+    if args.dry_run:
+        say(f"would read RayJob (else RayCluster) {args.namespace}/{args.name}, port-forward to its head pod's "
+            f"dashboard with the cluster's token, and {'follow' if args.follow else 'print'} the logs of job "
+            f"{args.job_id or '<its job id, or the latest>'}")
+        return 0
     kube = _connect(args)
     cluster, job_id = args.name, args.job_id
     rayjob = kube.get("RayJob", args.name, args.namespace)

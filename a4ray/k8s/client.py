@@ -29,7 +29,6 @@ from a4ray.k8s.render import AUTH_TOKEN_KEY, DASHBOARD_PORT, OperatorCaps, to_ya
 from a4ray.k8s.validate import GROUP, PLURALS, VERSION, schema_from_crd
 from a4ray.redact import register_secret
 
-KINDS = tuple(PLURALS)  # RayCluster, RayJob
 
 
 @dataclass
@@ -87,6 +86,13 @@ def delete_calls(kind: str, name: str, namespace: str, *, keep_storage: bool = F
                          {"namespace": namespace, "label_selector": f"{st.RELEASE_LABEL}={name},"
                           f"{st.NAMESPACE_LABEL}={namespace}"}))
     return calls
+
+
+def list_call(kind: str, namespace: str) -> ApiCall:
+    """The RayClusters / RayJobs a4ray made in `namespace`."""
+    return ApiCall("custom", "list_namespaced_custom_object",
+                   {"group": GROUP, "version": VERSION, "namespace": namespace, "plural": PLURALS[kind],
+                    "label_selector": "app.kubernetes.io/managed-by=a4ray"})
 
 
 def token_secret(name: str, namespace: str, release: str) -> dict:
@@ -156,10 +162,7 @@ class Kube:
         return self.run(call)
 
     def list(self, kind: str, namespace: str) -> list[dict]:
-        call = ApiCall("custom", "list_namespaced_custom_object",
-                       {"group": GROUP, "version": VERSION, "namespace": namespace, "plural": PLURALS[kind],
-                        "label_selector": "app.kubernetes.io/managed-by=a4ray"})
-        return self.run(call).get("items", [])
+        return self.run(list_call(kind, namespace)).get("items", [])
 
     def caps(self) -> OperatorCaps:
         """What the installed KubeRay supports, and its CRD schemas (manifests are validated against them)."""

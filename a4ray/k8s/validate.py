@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import gzip
-import hashlib
 import json
 import re
 from importlib import resources
@@ -299,9 +298,3 @@ def check_manifest(obj: dict, schema: dict | None = None, *, source: str = "") -
         raise ManifestInvalid(f"{obj.get('kind')} {name}{' (' + source + ')' if source else ''} would be "
                               f"refused:\n" + "\n".join(f"  - {p}" for p in problems))
 
-
-def schema_digest(schema: dict | None) -> str:
-    """A short id of the schema used (bundled v1.7.0 or an installed CRD's), for messages."""
-    if schema is None:
-        return "KubeRay v1.7.0 (bundled)"
-    return "installed CRD " + hashlib.sha256(_schema_key(schema).encode()).hexdigest()[:12]
