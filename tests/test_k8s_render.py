@@ -239,6 +239,8 @@ def test_names_over_kuberays_limits_are_refused():
     with pytest.raises(SpecError, match=r"name: 'j{48}' is 48 characters; a KubeRay RayJob name has at most 47"):
         render_job(spec, ["true"], name="j" * 48)
     assert render_cluster(spec, name="c" * 53).main["metadata"]["name"] == "c" * 53
+    with pytest.raises(SpecError, match="name: 'Exp_1' is not a DNS-1035 label"):
+        render_cluster(spec, name="Exp_1")
     with pytest.raises(SpecError, match="at most 53"):
         render_cluster(spec, name="c" * 54)
     with pytest.raises(SpecError, match="kuberay.image: required"):

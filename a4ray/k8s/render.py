@@ -19,6 +19,7 @@ The shape of an A4 worker, and why:
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 
@@ -140,6 +141,9 @@ def _spec_problems(spec: JobSpec, name: str, *, job: bool, cluster: str | None, 
     limit, what = (MAX_RAYJOB_NAME, "RayJob") if job else (MAX_RAYCLUSTER_NAME, "RayCluster")
     if len(name) > limit:
         problems.append(f"name: {name!r} is {len(name)} characters; a KubeRay {what} name has at most {limit}")
+    if not re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", name):
+        problems.append(f"name: {name!r} is not a DNS-1035 label (lowercase letters, digits and '-', starting "
+                        "with a letter), as KubeRay requires")
     for section, env in (("network.env", spec.network.env), ("network.gib_overrides", spec.network.gib_overrides)):
         for key, value in env.items():
             if is_secret_name(key) and value:
