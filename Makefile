@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := openmpi-bin libopenmpi-dev shellcheck
 
-.PHONY: install system-deps rehearsal test
+.PHONY: install system-deps rehearsal test kuberay
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -28,3 +28,9 @@ rehearsal: install
 
 test: install system-deps
 	$(PY) -m pytest
+
+# The rendered KubeRay manifests in kuberay/ (see kuberay/manifests.txt); a test keeps them current.
+kuberay: install
+	grep -v '^#' kuberay/manifests.txt | while IFS= read -r line; do \
+	  file=$${line%%:*}; args=$${line#*: }; what=$${args%% *}; rest=$${args#* }; \
+	  eval "$(PY) -m a4ray.cli render $$what -o kuberay/$$file $$rest" || exit 1; done

@@ -64,3 +64,11 @@ class Cancelled(GangFailed):
     """The launch was cancelled (Ctrl-C, `ray job stop`); every node's process group was terminated."""
 
     exit_code = 130
+
+
+class ManifestInvalid(A4RayError):
+    """A rendered KubeRay manifest would be refused by the API server, the operator or Kueue."""
+
+
+class KubeError(A4RayError):
+    """The Kubernetes API refused or failed a call (no cluster, no KubeRay, object exists, forbidden, ...)."""

@@ -21,4 +21,7 @@ def _run(args: argparse.Namespace) -> int:
         kind = (parse_yaml(f.read(), args.config) or {}).get("kind")
     if not kind:
         raise SystemExit(f"a4ray run: {args.config} has no `kind:`")
+    if kind == "cluster":
+        raise SystemExit(f"a4ray run: {args.config} describes a cluster, not a job: `a4ray up -f {args.config}` "
+                         "creates it on GKE; run a job spec (e.g. jobs/ddp_test.yaml) instead")
     return job_main(kind, argv=None, args=args)

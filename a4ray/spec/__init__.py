@@ -3,10 +3,12 @@
 from a4ray.spec.command import CommandJob, CommandSpec
 from a4ray.spec.cluster import ClusterSpec, NetworkSpec, StorageSpec, TopologySpec
 from a4ray.spec.ddp import DDPTestJob, DDPTestSpec
-from a4ray.spec.job import JOB_KINDS, JobSpec, job_kind
+from a4ray.spec.job import JOB_KINDS, ClusterJob, JobSpec, job_kind
+from a4ray.spec.kuberay import KubeRaySpec
 from a4ray.spec.loader import load_job, parse_sets
 
 __all__ = [
-    "JOB_KINDS", "ClusterSpec", "CommandJob", "CommandSpec", "DDPTestJob", "DDPTestSpec", "JobSpec", "NetworkSpec", "StorageSpec",
+    "JOB_KINDS", "ClusterJob", "ClusterSpec", "CommandJob", "CommandSpec", "DDPTestJob", "DDPTestSpec", "JobSpec",
+    "KubeRaySpec", "NetworkSpec", "StorageSpec",
     "TopologySpec", "job_kind", "load_job", "parse_sets",
 ]

@@ -6,12 +6,13 @@ so a YAML file's `kind:` picks its model and `extra="forbid"` applies to every s
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import Field, PositiveFloat, PrivateAttr, model_validator
 
 from a4ray.spec.base import Spec
 from a4ray.spec.cluster import ClusterSpec, NetworkSpec, StorageSpec
+from a4ray.spec.kuberay import KubeRaySpec
 
 JOB_KINDS: dict[str, type[JobSpec]] = {}
 
@@ -35,6 +36,7 @@ class JobSpec(Spec):
     network: NetworkSpec = NetworkSpec()
     storage: StorageSpec = StorageSpec()
     timeout_s: PositiveFloat | None = Field(None, description="wall-clock limit of the launch")
+    kuberay: KubeRaySpec = Field(KubeRaySpec(), description="how `a4ray render` / `a4ray up` run it on GKE")
 
     # Where the spec came from, for error messages ("jobs/x.yaml", "<python>").
     _source: str = PrivateAttr("<python>")
@@ -66,3 +68,10 @@ class JobSpec(Spec):
         from a4ray.spec.loader import dump_yaml
 
         return dump_yaml(self.model_dump(mode="json"))
+
+
+@job_kind
+class ClusterJob(JobSpec):
+    """A cluster and no workload (`jobs/cluster-a4.yaml`): what `a4ray render cluster` / `a4ray up` create."""
+
+    kind: Literal["cluster"] = "cluster"
