@@ -60,6 +60,10 @@ class GangTimeout(GangFailed):
     """The launch ran past its timeout; every node's process group was terminated."""
 
 
+class GangHang(GangFailed):
+    """The watchdog saw no progress; the stacks of every rank were dumped and the gang was stopped."""
+
+
 class Cancelled(GangFailed):
     """The launch was cancelled (Ctrl-C, `ray job stop`); every node's process group was terminated."""
 

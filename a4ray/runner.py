@@ -8,12 +8,15 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 
 from a4ray.console import say
 from a4ray.errors import Cancelled, GangFailed
+from a4ray.observe import metrics
 from a4ray.rundir import RunDir
 from a4ray.runtime.connect import connect
-from a4ray.runtime.gang import Gang
+from a4ray.runtime.gang import Gang, GangResult
+from a4ray.runtime.restart import should_retry
 from a4ray.spec.job import JobSpec
 from a4ray.workloads import WORKLOADS
 from a4ray.workloads.base import Workload, WorkloadResult
@@ -46,8 +49,9 @@ def workload_for(spec: JobSpec) -> Workload:
 
 def run(spec: JobSpec, *, address: str | None = None, local_nodes: int | None = None,
         dashboard: bool = False) -> WorkloadResult:
-    """Run `spec` to completion. A failed launch returns a result with `ok=False` (and the gang's
-    failure); errors before anything ran (spec, cluster, placement, gIB) raise."""
+    """Run `spec` to completion, restarting the gang per `spec.restart`. A failed launch returns a result
+    with `ok=False` (and the gang's failure); errors before anything ran (spec, cluster, placement, gIB)
+    and cancellation raise."""
     work = workload_for(spec)
     work.check()
     with connect(address, cluster=spec.cluster, local_nodes=local_nodes, dashboard=dashboard) as conn:
@@ -55,15 +59,37 @@ def run(spec: JobSpec, *, address: str | None = None, local_nodes: int | None = 
         say(f"run directory: {run_dir.root}")
         run_dir.write("spec.yaml", spec.to_yaml())
         run_dir.write("plan.json", work.plan())
-        with Gang(spec, log_dir=str(run_dir.logs), run_dir=str(run_dir.root)) as gang, sigterm_as_interrupt():
-            try:
-                gang_result = gang.run(work.launch, timeout_s=spec.timeout_s, env_name=spec.kind)
-            except GangFailed as failure:
-                if failure.result is None or isinstance(failure, Cancelled):
-                    raise
-                say(f"FAILED: {failure}")
-                gang_result = failure.result
+        gang_result = _run_attempts(spec, work, run_dir)
         result = work.result(gang_result)
         run_dir.write("result.json", result)
         say(f"logs: {run_dir.logs} (one file per node and per rank)")
     return result
+
+
+def _run_attempts(spec: JobSpec, work: Workload, run_dir: RunDir) -> GangResult:
+    """Launch, and relaunch on a fresh gang (a lost node replaced by a free one) while the policy allows."""
+    deadline = time.monotonic() + spec.timeout_s if spec.timeout_s else None
+    attempt = 0
+    while True:
+        metrics.record_attempt(spec.name, run_dir.id, attempt)
+        if attempt:
+            say(f"attempt {attempt}/{spec.restart.max_restarts}: relaunching on a new gang"
+                + (f"; {work.resume_note()}" if work.resume_note() else ""))
+        remaining = None if deadline is None else max(1.0, deadline - time.monotonic())
+        with Gang(spec, log_dir=str(run_dir.logs), run_dir=str(run_dir.root), attempt=attempt) as gang, \
+                sigterm_as_interrupt():
+            try:
+                return gang.run(work.launch, timeout_s=remaining, env_name=spec.kind)
+            except GangFailed as failure:
+                if failure.result is None or isinstance(failure, Cancelled):
+                    raise
+                say(f"FAILED: {failure}")
+                result = failure.result
+        retry, why = should_retry(result, spec.restart, attempt)
+        if not retry:
+            if spec.restart.max_restarts or attempt:
+                say(f"not restarting: {why}")
+            return result
+        attempt += 1
+        say(f"restarting in {spec.restart.backoff_s:g}s: {why}")
+        time.sleep(spec.restart.backoff_s)

@@ -17,6 +17,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 
 import ray
@@ -25,8 +26,11 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from a4ray.console import say
-from a4ray.errors import A4RayError, Cancelled, GangFailed, GangStartTimeout, GangTimeout
+from a4ray.errors import A4RayError, Cancelled, GangFailed, GangHang, GangStartTimeout, GangTimeout
 from a4ray.netenv import NEVER_OVERRIDE
+from a4ray.observe import metrics
+from a4ray.observe.progress import Progress
+from a4ray.observe.stacks import summarize
 from a4ray.runtime.node_actor import LaunchRequest, Line, NodeActor, NodeRun, Poll
 from a4ray.runtime.topology import NodeFacts, rank_order
 from a4ray.spec.job import JobSpec
@@ -48,6 +52,7 @@ class NodeContext(BaseModel):
     log_dir: str
     run_dir: str = ""
     launch_id: str = ""
+    attempt: int = 0  # 0 = first launch; > 0: a restart, the workload should resume from its checkpoint
 
 
 class Launch(BaseModel):
@@ -73,11 +78,20 @@ class NodeResult(BaseModel):
     log_file: str = ""
 
 
+FailureKind = Literal["failed", "lost", "hang", "timeout", "cancelled"]
+
+
 class GangResult(BaseModel):
     job: str
     launch_id: str
     ok: bool
     failure: str | None = None
+    failure_kind: FailureKind | None = None
+    failed_node: int | None = None
+    attempt: int = 0
+    iterations_seen: int = 0  # iteration lines seen in this attempt (progress made)
+    last_iteration: int | None = None
+    hang_report: str | None = None  # directory with every rank's stack dump and a summary
     start_s: float = 0.0  # placement + actors + facts
     run_s: float = 0.0
     log_dir: str = ""
@@ -92,11 +106,13 @@ LineObserver = Callable[[int, Line], None]
 
 
 class Gang:
-    def __init__(self, spec: JobSpec, *, log_dir: str, run_dir: str = "", name: str | None = None):
+    def __init__(self, spec: JobSpec, *, log_dir: str, run_dir: str = "", name: str | None = None,
+                 attempt: int = 0):
         self.spec = spec
         self.cluster = spec.cluster
         self.log_dir = log_dir
         self.run_dir = run_dir
+        self.attempt = attempt
         self.launch_id = uuid.uuid4().hex[:12]
         self.name = name or f"a4ray-{spec.name}-{self.launch_id}"
         self.pg = None
@@ -148,7 +164,7 @@ class Gang:
             rank=rank, nnodes=len(self.nodes), gpus=self.cluster.gpus_per_node,
             master_addr=self.nodes[0].ip, master_port=self.master_port or 0, ip=node.ip,
             hostname=node.hostname, python=node.python, log_dir=self.log_dir, run_dir=self.run_dir,
-            launch_id=self.launch_id,
+            launch_id=self.launch_id, attempt=self.attempt,
         )
 
     # -------------------------------------------------------------------------------------- run
@@ -163,7 +179,10 @@ class Gang:
             LaunchRequest(
                 argv=launch.argv, cwd=launch.cwd, env=launch.env, network=self.spec.network,
                 node_rank=rank, nproc=launch.nproc, log_dir=self.log_dir,
-                launch_id=f"{self.launch_id}-n{rank}", grace_s=self.cluster.stop_grace_s,
+                launch_id=f"{self.launch_id}-n{rank}", grace_s=self.cluster.stop_grace_s, attempt=self.attempt,
+                metric_tags={"job": self.spec.name, "run": Path(self.run_dir).name if self.run_dir else self.launch_id},
+                seq_length=self.spec.observe.seq_length,
+                flight_recorder=self.spec.observe.watchdog.enabled and self.spec.observe.watchdog.flight_recorder,
             )
             for rank, launch in enumerate(launches)
         ]
@@ -183,7 +202,7 @@ class Gang:
         outcome = _Supervisor(self, nproc, timeout_s).watch()
         result = self._collect(outcome, time.monotonic() - t0)
         if not result.ok:
-            error_cls = {"timeout": GangTimeout, "cancelled": Cancelled}.get(outcome.kind, GangFailed)
+            error_cls = {"timeout": GangTimeout, "cancelled": Cancelled, "hang": GangHang}.get(outcome.kind, GangFailed)
             raise error_cls(result.failure or "the gang failed", result=result, hint=outcome.hint)
         return result
 
@@ -210,8 +229,13 @@ class Gang:
         if not ok and failure is None:
             failed = next(n for n in nodes if n.status != "succeeded")
             failure = f"node {failed.rank} ({failed.hostname}) ended with status {failed.status}"
-        return GangResult(job=self.spec.name, launch_id=self.launch_id, ok=ok, failure=failure,
-                          start_s=self.start_s, run_s=run_s, log_dir=self.log_dir, nodes=nodes)
+        return GangResult(
+            job=self.spec.name, launch_id=self.launch_id, ok=ok, failure=failure, start_s=self.start_s, run_s=run_s,
+            log_dir=self.log_dir, nodes=nodes, attempt=self.attempt,
+            failure_kind=None if ok else ("failed" if outcome.kind == "done" else outcome.kind),
+            failed_node=outcome.failed_node, iterations_seen=outcome.iterations_seen,
+            last_iteration=outcome.last_iteration, hang_report=outcome.hang_report,
+        )
 
     def stop(self, grace_s: float | None = None, skip: set[int] = frozenset()) -> None:
         """Stop every node's process tree in parallel (SIGTERM, bounded wait, SIGKILL)."""
@@ -245,11 +269,15 @@ class Gang:
 
 class _Outcome:
     def __init__(self) -> None:
-        self.kind: Literal["done", "failed", "lost", "timeout", "cancelled"] = "done"
+        self.kind: Literal["done", "failed", "lost", "hang", "timeout", "cancelled"] = "done"
         self.message: str | None = None
         self.hint: str | None = None
+        self.failed_node: int | None = None
         self.lost: set[int] = set()
         self.tails: dict[int, list[str]] = {}
+        self.iterations_seen = 0
+        self.last_iteration: int | None = None
+        self.hang_report: str | None = None
 
 
 class _Supervisor:
@@ -263,6 +291,10 @@ class _Supervisor:
         self.cursors = {rank: 0 for rank in range(len(gang.actors))}
         self.rank_tails: dict[tuple[int, int], list[str]] = {}
         self.outcome = _Outcome()
+        self.observe = gang.spec.observe
+        self.started_at = self.last_output_at = time.monotonic()
+        self.last_progress_at: float | None = None
+        self.last_summary_iteration: int | None = None
 
     def _emit(self, rank: int, poll: Poll) -> None:
         if poll.dropped:
@@ -279,9 +311,69 @@ class _Supervisor:
                 print(f"[n{rank}] {line.text}", flush=True)
             for observer in self.gang.observers:
                 observer(rank, line)
+            if line.progress is not None:
+                self._on_progress(line.progress)
             tail.append(line.text)
         del tail[:-_LAST_LINES]
+        if poll.lines:
+            self.last_output_at = time.monotonic()
         self.cursors[rank] = poll.cursor
+
+    def _on_progress(self, progress: Progress) -> None:
+        out = self.outcome
+        self.last_progress_at = time.monotonic()
+        if out.last_iteration is None or progress.iteration > out.last_iteration:
+            out.iterations_seen += 1
+            out.last_iteration = progress.iteration
+            every = self.observe.summary_every
+            if (self.last_summary_iteration is None or progress.iteration - self.last_summary_iteration >= every
+                    or progress.iteration == progress.train_iters):
+                self.last_summary_iteration = progress.iteration
+                say(f"progress: {progress_summary(progress, self.observe.seq_length)}")
+
+    def _hang(self) -> str | None:
+        """Why the launch looks hung, or None."""
+        w = self.observe.watchdog
+        if not w.enabled:
+            return None
+        now = time.monotonic()
+        if self.last_progress_at is not None:
+            if w.no_progress_s and now - self.last_progress_at > w.no_progress_s:
+                return (f"no new iteration for {now - self.last_progress_at:.0f}s (after iteration "
+                        f"{self.outcome.last_iteration}; observe.watchdog.no_progress_s={w.no_progress_s:g})")
+        elif w.startup_s and now - self.started_at > w.startup_s:
+            return f"no iteration line in the first {w.startup_s:g}s (observe.watchdog.startup_s)"
+        if w.no_output_s and now - self.last_output_at > w.no_output_s:
+            return f"no output from any node for {now - self.last_output_at:.0f}s (observe.watchdog.no_output_s)"
+        return None
+
+    def _forensics(self, why: str) -> None:
+        """Stack dumps of every rank on every node, written to the run directory with a summary."""
+        gang, out = self.gang, self.outcome
+        say(f"hang detected: {why}; collecting the stacks of every rank")
+        metrics.record_hang(gang.spec.name, Path(gang.run_dir).name if gang.run_dir else gang.launch_id)
+        base = Path(gang.run_dir or Path(gang.log_dir).parent)
+        report = base / (f"hang-attempt-{gang.attempt}" if gang.attempt else "hang")
+        report.mkdir(parents=True, exist_ok=True)
+        dumps = []
+        if self.observe.watchdog.py_spy:
+            refs = {a.stacks.remote(): i for i, a in enumerate(gang.actors)}
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=120)
+            for ref in ready:
+                try:
+                    dumps += ray.get(ref)
+                except Exception as e:  # noqa: BLE001 - a node that cannot answer is named in the summary
+                    say(f"  node {refs[ref]}: no stacks ({type(e).__name__})")
+        for d in dumps:
+            name = f"rank-{int(d.rank):04d}.txt" if d.rank.isdigit() else f"{d.rank.replace(':', '-')}.txt"
+            (report / name).write_text(d.text + (f"\n# py-spy error: {d.error}\n" if d.error else ""))
+        summary = summarize(dumps) if dumps else "no stacks collected (observe.watchdog.py_spy is off)"
+        (report / "summary.txt").write_text(f"{why}\n{summary}\n")
+        say(f"stacks: {summary}")
+        say(f"hang report: {report}")
+        out.kind, out.hang_report = "hang", str(report)
+        out.message = f"the launch hung: {why}; {summary}"
+        out.hint = f"stack dumps of every rank are in {report}"
 
     def watch(self) -> _Outcome:
         gang, out = self.gang, self.outcome
@@ -306,6 +398,10 @@ class _Supervisor:
                         self._fail(rank, "failed", f"node {rank} ({self._where(rank)}) exited with code "
                                    f"{poll.exit_code}{_signal_name(poll.exit_code)}")
                         return self._finish(pending)
+                why = self._hang() if pending else None
+                if why:
+                    self._forensics(why)
+                    return self._finish(pending)
                 if self.deadline is not None and time.monotonic() >= self.deadline and pending:
                     out.kind, out.message = "timeout", f"the launch ran past its timeout ({self.timeout_s:g}s)"
                     out.hint = "raise timeout_s in the spec if the job needs longer"
@@ -321,6 +417,7 @@ class _Supervisor:
     def _fail(self, rank: int, kind: str, message: str) -> None:
         out = self.outcome
         out.kind = kind  # type: ignore[assignment]
+        out.failed_node = rank
         if kind == "lost":
             out.lost.add(rank)
         tail = out.tails.get(rank, [])
@@ -368,6 +465,22 @@ def _torchrun_root_cause(lines: list[str]) -> tuple[int, int, int] | None:
     return (*rank, code) if rank and code is not None else None
 
 
+def progress_summary(p: Progress, seq_length: int | None = None) -> str:
+    parts = [f"iteration {p.iteration}/{p.train_iters}"]
+    if p.step_time_ms is not None:
+        parts.append(f"{p.step_time_ms / 1000:.3g} s/it")
+    tokens = p.tokens_per_second(seq_length)
+    if tokens is not None:
+        parts.append(f"{tokens:,.0f} tokens/s")
+    if p.loss is not None:
+        parts.append(f"loss {p.loss:.4g}")
+    if p.tflops_per_gpu is not None:
+        parts.append(f"{p.tflops_per_gpu:.1f} TFLOP/s/GPU")
+    if p.grad_norm is not None:
+        parts.append(f"grad norm {p.grad_norm:.3g}")
+    return " | ".join(parts)
+
+
 def _signal_name(code: int) -> str:
     import signal as _signal
 
@@ -410,7 +523,7 @@ def describe_env_plan(spec: JobSpec, workload_env: dict[str, str]) -> list[str]:
                      + (" (fail if missing)" if net.gib == "on" else " (skip where missing)"))
         lines += [f"  {k}={v}" for k, v in net.gib_overrides.items()]
         lines.append(f"  LD_LIBRARY_PATH={net.gib_lib_dir}:<node's LD_LIBRARY_PATH>")
-    lines.append("a4ray: PYTHONUNBUFFERED=1 A4RAY_NODE_RANK=<rank> A4RAY_LAUNCH_ID=<id>")
+    lines.append("a4ray: PYTHONUNBUFFERED=1 A4RAY_NODE_RANK=<rank> A4RAY_ATTEMPT=<n> A4RAY_LAUNCH_ID=<id>")
     from a4ray.redact import Redactor, secret_values
 
     for layer, env in (("workload", workload_env), ("user (network.env)", net.env)):

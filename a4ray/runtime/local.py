@@ -119,8 +119,24 @@ class SimulatedCluster:
 
     def remove_node(self, index: int) -> None:
         """Kill simulated node `index` abruptly, as a lost A4 node would be."""
+        import psutil
+
         assert self.cluster is not None
-        self.cluster.remove_node(self.workers.pop(index), allow_graceful=False)
+        node = self.workers.pop(index)
+        # A lost machine takes every process on it along: the raylet's workers and what they launched
+        # (which would otherwise live on as orphans here, still computing, still writing checkpoints).
+        doomed = []
+        for info in node.all_processes.get("raylet", []):
+            try:
+                doomed += psutil.Process(info.process.pid).children(recursive=True)
+            except psutil.Error:
+                pass
+        for proc in doomed:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        self.cluster.remove_node(node, allow_graceful=False)
 
     def describe(self) -> str:
         gpus = "real GPU slices" if self._gpu_slices else "logical GPUs"

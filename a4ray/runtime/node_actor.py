@@ -21,6 +21,9 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from a4ray.netenv import EnvLayer, build_env, gib_layer
+from a4ray.observe import metrics
+from a4ray.observe.progress import Progress, parse_progress
+from a4ray.observe.stacks import StackDump, dump_all
 from a4ray.redact import Redactor, secret_values
 from a4ray.runtime.process import ManagedProcess, launch_processes
 from a4ray.runtime.topology import NodeFacts
@@ -37,6 +40,7 @@ class Line(BaseModel):
     seq: int
     text: str
     local_rank: int | None = None
+    progress: Progress | None = None  # set on iteration lines
 
 
 class LaunchRequest(BaseModel):
@@ -49,6 +53,10 @@ class LaunchRequest(BaseModel):
     log_dir: str
     launch_id: str
     grace_s: float = 10.0
+    attempt: int = 0
+    metric_tags: dict[str, str] = {}  # job, run: every metric of this launch carries them
+    seq_length: int | None = None
+    flight_recorder: bool = False
 
 
 class Poll(BaseModel):
@@ -125,11 +133,15 @@ class NodeActor:
         base = dict(os.environ)
         node = f"node {request.node_rank} ({socket.gethostname()})"
         gib, gib_note = gib_layer(request.network, base, node)
-        a4ray_layer = EnvLayer("a4ray", {
+        a4ray_vars = {
             "PYTHONUNBUFFERED": "1",  # lines must stream, not arrive in 4 KiB blocks
             "A4RAY_NODE_RANK": str(request.node_rank),
+            "A4RAY_ATTEMPT": str(request.attempt),  # > 0: a restart; resume from the latest checkpoint
             "PYTHONPATH": _with_a4ray_on_path(base.get("PYTHONPATH")),
-        })
+        }
+        if request.flight_recorder:  # defaults only: what the image or user sets wins
+            a4ray_vars.update({k: v for k, v in self._flight_recorder_env(request).items() if k not in base})
+        a4ray_layer = EnvLayer("a4ray", a4ray_vars)
         launch_env = build_env(base, [gib, a4ray_layer, EnvLayer(workload_env_name, request.env),
                                       EnvLayer("user", request.network.env)])
         launch_env.notes.insert(0, gib_note)
@@ -159,6 +171,9 @@ class NodeActor:
             if m:
                 local_rank = int(m.group(1))
                 body = text[m.end():]
+        progress = parse_progress(body) if "iteration" in body else None
+        if progress is not None:
+            self._record(progress, local_rank)
         if body.startswith(RESULT_MARKER):
             try:
                 self._records.append(json.loads(body[len(RESULT_MARKER):]))
@@ -167,8 +182,18 @@ class NodeActor:
         self._write_logs(text, body, local_rank)
         with self._lock:
             self._seq += 1
-            self._lines.append(Line(seq=self._seq, text=body, local_rank=local_rank))
+            self._lines.append(Line(seq=self._seq, text=body, local_rank=local_rank, progress=progress))
             self._lock.notify_all()
+
+    def _record(self, progress: Progress, local_rank: int | None) -> None:
+        request = self._request
+        assert request is not None
+        rank = str(request.node_rank * request.nproc + local_rank) if local_rank is not None else ""
+        tags = {**request.metric_tags, "node": str(request.node_rank), "rank": rank}
+        try:
+            metrics.record_progress(progress, tags, request.seq_length)
+        except Exception:  # noqa: BLE001 - metrics are an aid; a metrics hiccup must not kill the launch
+            pass
 
     def _write_logs(self, text: str, body: str, local_rank: int | None) -> None:
         assert self._request is not None
@@ -224,6 +249,51 @@ class NodeActor:
             records=list(self._records),
             log_file=self._node_log.name if self._node_log else "",
         )
+
+    # ------------------------------------------------------------------ forensics
+    def _flight_recorder_env(self, request: LaunchRequest) -> dict[str, str]:
+        """PyTorch's NCCL flight recorder: kept on, dumped on an NCCL timeout or when its pipe is written."""
+        pipes = Path("/tmp") / f"a4ray-fr-{request.launch_id}"  # named pipes need a local filesystem
+        pipes.mkdir(parents=True, exist_ok=True)
+        return {
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{request.log_dir}/flight-recorder/nccl_trace_rank_",
+            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{pipes}/pipe_",
+        }
+
+    def rank_processes(self) -> list[tuple[str, int]]:
+        """(rank, pid) of the launch's rank processes: those with RANK in their env (torchrun workers),
+        else every Python process of the launch (labelled n<node>:pid<pid>)."""
+        import psutil
+
+        if self._process is None or self._process.pid is None or self._request is None:
+            return []
+        ranked, python = [], []
+        for proc in launch_processes(self._process.pid, self._process.launch_id):
+            try:
+                env = proc.environ()
+                name = proc.name()
+            except psutil.Error:
+                continue
+            if "RANK" in env and "LOCAL_RANK" in env:
+                ranked.append((env["RANK"], proc.pid))
+            elif name.startswith("python") and "torch.distributed.run" not in " ".join(proc.cmdline()):
+                python.append((f"n{self._request.node_rank}:pid{proc.pid}", proc.pid))
+        return sorted(ranked, key=lambda rp: int(rp[0])) if ranked else python
+
+    def stacks(self, timeout_s: float = 30) -> list[StackDump]:
+        """py-spy dumps of every rank process of the launch; also triggers the NCCL flight recorder."""
+        assert self._request is not None
+        for pipe in Path("/tmp", f"a4ray-fr-{self._request.launch_id}").glob("pipe_*"):
+            try:  # writing to a rank's debug-info pipe makes it dump its NCCL flight recorder
+                fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+                os.write(fd, b"1")
+                os.close(fd)
+            except OSError:
+                pass
+        node = self._request.node_rank
+        return dump_all([(rank, node, pid) for rank, pid in self.rank_processes()], timeout_s)
 
     def pids(self) -> list[int]:
         """Live processes of this launch (for forensics and tests)."""

@@ -71,6 +71,10 @@ class Workload(ABC, Generic[S]):
     def check(self) -> None:
         """Refuse, before anything is launched, what the workload would reject later."""
 
+    def resume_note(self) -> str:
+        """On a restart: where the workload resumes from (e.g. "from checkpoint iteration 40"), or ""."""
+        return ""
+
     @abstractmethod
     def launch(self, node: NodeContext) -> Launch:
         """The command one node runs."""

@@ -1,0 +1,1 @@
+"""Observability: progress parsing, Ray metrics, hang forensics, preflight checks."""

@@ -1,0 +1,82 @@
+"""a4ray's Ray metrics: shown in the Ray dashboard's metrics view and scraped by Prometheus.
+
+Exported by each node's Ray metrics agent (`ray_` is prepended), e.g. `ray_a4ray_train_loss{job,run,node,rank}`:
+
+  a4ray_train_iteration            last iteration reported by a rank
+  a4ray_train_loss                 lm loss of that iteration
+  a4ray_train_step_time_seconds    elapsed time per iteration
+  a4ray_train_tflops_per_gpu       throughput per GPU (as the trainer prints it)
+  a4ray_train_tokens_per_second    printed, or global batch x seq length / step time
+  a4ray_train_grad_norm            gradient norm
+  a4ray_train_consumed_samples     samples consumed so far
+  a4ray_train_last_progress_time   unix time of the last iteration line (a flat line = a hang)
+  a4ray_gang_attempt               attempt number of the job's gang (0 = first launch)
+  a4ray_gang_restarts_total        restarts after failures or hangs
+  a4ray_gang_hangs_total           hangs the watchdog detected
+
+Metrics are created lazily, once per process: Ray refuses two metrics with one name in a process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from a4ray.observe.progress import Progress
+
+TAGS = ("job", "run", "node", "rank")
+_lock = threading.Lock()
+_metrics: dict[str, object] = {}
+
+
+def _metric(kind: str, name: str, description: str, tags: tuple[str, ...] = TAGS):
+    with _lock:
+        if name not in _metrics:
+            from ray.util import metrics
+
+            cls = {"gauge": metrics.Gauge, "counter": metrics.Counter}[kind]
+            _metrics[name] = cls(name, description=description, tag_keys=tags)
+        return _metrics[name]
+
+
+_TRAIN = {
+    "iteration": ("a4ray_train_iteration", "last training iteration reported"),
+    "loss": ("a4ray_train_loss", "lm loss of the last reported iteration"),
+    "step_time_s": ("a4ray_train_step_time_seconds", "elapsed time per iteration"),
+    "tflops_per_gpu": ("a4ray_train_tflops_per_gpu", "model TFLOP/s per GPU as the trainer reports it"),
+    "tokens_per_s": ("a4ray_train_tokens_per_second", "training tokens per second (whole job)"),
+    "grad_norm": ("a4ray_train_grad_norm", "gradient norm of the last reported iteration"),
+    "consumed_samples": ("a4ray_train_consumed_samples", "samples consumed so far"),
+    "last_progress": ("a4ray_train_last_progress_time", "unix time of the last iteration line"),
+}
+
+
+def record_progress(progress: Progress, tags: dict[str, str], seq_length: int | None = None) -> None:
+    values = {
+        "iteration": progress.iteration,
+        "loss": progress.loss,
+        "step_time_s": progress.step_time_ms / 1000 if progress.step_time_ms is not None else None,
+        "tflops_per_gpu": progress.tflops_per_gpu,
+        "tokens_per_s": progress.tokens_per_second(seq_length),
+        "grad_norm": progress.grad_norm,
+        "consumed_samples": progress.consumed_samples,
+        "last_progress": time.time(),
+    }
+    for key, value in values.items():
+        if value is not None:
+            name, description = _TRAIN[key]
+            _metric("gauge", name, description).set(float(value), tags=tags)
+
+
+def record_attempt(job: str, run: str, attempt: int) -> None:
+    tags = {"job": job, "run": run}
+    _metric("gauge", "a4ray_gang_attempt", "attempt number of the gang (0 = first launch)", ("job", "run")).set(
+        attempt, tags=tags)
+    if attempt:
+        _metric("counter", "a4ray_gang_restarts_total", "gang restarts after failures or hangs",
+                ("job", "run")).inc(1, tags=tags)
+
+
+def record_hang(job: str, run: str) -> None:
+    _metric("counter", "a4ray_gang_hangs_total", "hangs detected by the watchdog", ("job", "run")).inc(
+        1, tags={"job": job, "run": run})

@@ -1,0 +1,184 @@
+"""Observability and resilience on a real local cluster: training progress exported as Ray metrics
+(scraped from the nodes' Prometheus endpoints), a hang caught with every rank's stack, and a lost node
+survived by restarting from the last checkpoint on a new gang."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import ray
+from ray.util.placement_group import placement_group_table
+
+from a4ray.errors import GangHang
+from a4ray.runner import run
+from a4ray.runtime.gang import Gang
+from a4ray.workloads.command import Command
+from conftest import job
+from test_gang import assert_no_leftovers
+
+pytestmark = pytest.mark.slow
+
+
+def scrape(pattern: str) -> list[str]:
+    """Lines matching `pattern` on every alive node's Prometheus metrics endpoint."""
+    lines = []
+    for node in ray.nodes():
+        if not node["Alive"] or not node.get("MetricsExportPort"):
+            continue
+        url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+        try:
+            text = urllib.request.urlopen(url, timeout=5).read().decode()
+        except OSError:
+            continue
+        lines += [line for line in text.splitlines() if re.search(pattern, line)]
+    return lines
+
+
+def test_training_progress_is_exported_as_ray_metrics(local_cluster, tmp_path, capfd):
+    release = tmp_path / "release"
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import os, time, pathlib\n"
+        "rank = int(os.environ['RANK'])\n"
+        "for it in range(1, 4):\n"
+        "    print(f' iteration {it:8d}/       3 | consumed samples: {it * 8:8d} | elapsed time per iteration (ms): 250.0 |'\n"
+        "          f' global batch size: 8 | lm loss: {2.0 + rank / 10 - it / 100:.6E} | grad norm: 0.5 |', flush=True)\n"
+        f"while not pathlib.Path({str(release)!r}).exists():\n"
+        "    time.sleep(0.2)\n"
+    )
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", f"command.argv=[{script}]",
+               "command.torchrun=true", "observe.seq_length=128", "observe.summary_every=2", workspace=tmp_path)
+    gang = Gang(spec, log_dir=str(tmp_path / "logs"), run_dir=str(tmp_path / "run-metrics"))
+    done: dict = {}
+    thread = threading.Thread(target=lambda: done.setdefault("result", gang.run(Command(spec).launch)))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 90  # Ray's agents export every few seconds
+        while time.monotonic() < deadline:
+            losses = scrape(r'^ray_a4ray_train_loss\{.*run="run-metrics"')
+            if len(losses) == 4:
+                break
+            time.sleep(1)
+        assert len(losses) == 4, losses
+        for rank in range(4):
+            line = next(x for x in losses if f'rank="{rank}"' in x)
+            assert f'node="{rank // 2}"' in line and 'job="command"' in line
+            assert abs(float(line.rsplit(" ", 1)[1]) - (2.0 + rank / 10 - 0.03)) < 1e-6
+        tokens = scrape(r'^ray_a4ray_train_tokens_per_second\{.*rank="0".*run="run-metrics"')
+        assert tokens and abs(float(tokens[0].rsplit(" ", 1)[1]) - 8 * 128 / 0.25) < 1e-6
+        assert scrape(r'^ray_a4ray_train_iteration\{.*run="run-metrics".* 3(\.0)?$')
+    finally:
+        release.write_text("go")
+        thread.join(timeout=120)
+        gang.close()
+    assert done["result"].ok and done["result"].last_iteration == 3
+    out = capfd.readouterr().out
+    assert re.search(r"a4ray: progress: iteration 1/3 \| 0.25 s/it \| 4,096 tokens/s \| loss [12]\.\d+", out)
+    assert "a4ray: progress: iteration 3/3" in out
+    # Identical lines from different ranks are all kept, in the job log and in each rank's file.
+    assert out.count("elapsed time per iteration (ms): 250.0") == 12
+    assert all((tmp_path / "logs" / f"rank-{r:04d}.log").read_text().count("elapsed time") == 3 for r in range(4))
+
+
+HUNG_TRAINER = """
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+
+def load_batch(it):
+    if rank == 1 and it == 3:
+        time.sleep(3600)  # a data loader that never returns
+    return torch.ones(4)
+
+for it in range(1, 100):
+    batch = load_batch(it)
+    dist.all_reduce(batch)
+    if rank == 0:
+        print(f" iteration {it:8d}/      99 | elapsed time per iteration (ms): 100.0 | lm loss: 1.0 |", flush=True)
+    time.sleep(0.1)
+"""
+
+
+def test_a_hang_is_caught_with_every_ranks_stack(local_cluster, tmp_path):
+    script = tmp_path / "hung.py"
+    script.write_text(HUNG_TRAINER)
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", f"command.argv=[{script}]",
+               "command.torchrun=true", "observe.watchdog.no_progress_s=5", workspace=tmp_path)
+    with pytest.raises(GangHang) as e:
+        with Gang(spec, log_dir=str(tmp_path / "logs"), run_dir=str(tmp_path / "run")) as gang:
+            gang.run(Command(spec).launch)
+    result = e.value.result
+    assert result.failure_kind == "hang" and result.last_iteration == 2
+    report = Path(result.hang_report)
+    for rank in range(4):
+        assert "Thread" in (report / f"rank-{rank:04d}.txt").read_text()
+    summary = (report / "summary.txt").read_text()
+    assert "no new iteration for" in summary
+    assert re.search(r"ranks 0, 2-3 in all_reduce \(distributed_c10d\.py:\d+\)", summary), summary
+    assert "rank 1 in load_batch (hung.py:8)" in summary  # time.sleep is C code: py-spy shows its caller
+    assert "all_reduce" in str(e.value) and str(report) in str(e.value)
+    assert_no_leftovers(result.launch_id)
+
+
+CHECKPOINTING_TRAINER = """
+import json, os, pathlib, sys, time
+state = pathlib.Path(sys.argv[1])
+rank, total = int(os.environ["RANK"]), 12
+start = json.loads(state.read_text())["step"] if state.exists() else 0
+if rank == 0:
+    print(f"resuming from step {start} (attempt {os.environ.get('A4RAY_ATTEMPT', '?')})", flush=True)
+for step in range(start + 1, total + 1):
+    time.sleep(0.4)
+    if rank == 0:
+        print(f" iteration {step:8d}/{total:8d} | elapsed time per iteration (ms): 400.0 | lm loss: {1 / step:.4E} |", flush=True)
+        if step % 2 == 0:  # checkpoint: written whole, then renamed into place
+            tmp = state.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"step": step}))
+            tmp.replace(state)
+"""
+
+
+def gang_node_ids() -> set[str]:
+    return {node for pg in placement_group_table().values() if pg["name"].startswith("a4ray-")
+            and pg["state"] == "CREATED" for node in pg["bundles_to_node_id"].values()}
+
+
+def test_a_lost_node_is_survived_by_a_restart_from_checkpoint(fresh_cluster, tmp_path, capfd):
+    cluster = fresh_cluster(nodes=3, gpus=1)  # the gang takes 2, one is spare
+    script, state = tmp_path / "trainer.py", tmp_path / "state.json"
+    script.write_text(CHECKPOINTING_TRAINER)
+
+    def kill_a_gang_node_at(step: int) -> threading.Thread:
+        def watch():
+            while not state.exists() or json.loads(state.read_text())["step"] < step:
+                time.sleep(0.1)
+            victim = next(i for i, n in cluster.workers.items() if n.node_id in gang_node_ids())
+            cluster.remove_node(victim)
+        thread = threading.Thread(target=watch, daemon=True)
+        thread.start()
+        return thread
+
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "command.torchrun=true",
+               f"command.argv=[{script}, {state}]", "restart.max_restarts=2", "restart.backoff_s=1", workspace=tmp_path)
+    killer = kill_a_gang_node_at(4)
+    result = run(spec)
+    killer.join(timeout=5)
+    out = capfd.readouterr().out
+    assert result.ok, result.verdict
+    assert result.gang.attempt == 1 and result.gang.last_iteration == 12
+    assert "was lost" in out and "restarting in 1s: node" in out and "attempt 1/2: relaunching" in out
+    assert re.search(r"resuming from step [4-6] \(attempt 1\)", out), "resumed from the last checkpoint"
+
+    # The spare is used up: with max_restarts 0 a second loss ends the job, saying why.
+    state.unlink()
+    killer = kill_a_gang_node_at(2)
+    result = run(spec.set("restart.max_restarts", 0))
+    killer.join(timeout=5)
+    assert not result.ok and result.gang.failure_kind == "lost"
+    assert "was lost: its node actor died" in result.verdict

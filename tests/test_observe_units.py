@@ -1,0 +1,95 @@
+"""Progress lines, stack-dump summaries and the restart rules, on the formats the trainers really print."""
+
+from __future__ import annotations
+
+from a4ray.observe.progress import parse_progress
+from a4ray.observe.stacks import StackDump, summarize, where
+from a4ray.runtime.gang import GangResult, NodeResult, progress_summary
+from a4ray.runtime.restart import should_retry
+from a4ray.spec.observe import RestartSpec
+
+MEGATRON = (" [2026-11-21 12:00:00] iteration       10/     100 | consumed samples:          640 | "
+            "elapsed time per iteration (ms): 1234.5 | throughput per GPU (TFLOP/s/GPU): 118.3 | "
+            "learning rate: 1.000000E-05 | global batch size:    64 | lm loss: 2.345678E+00 | "
+            "load_balancing_loss: 1.012345E+00 | loss scale: 1.0 | grad norm: 0.512 | "
+            "number of skipped iterations:   0 | number of nan iterations:   0 |")
+SWIFT_DPO = (" iteration        3/      50 | consumed samples:           12 | elapsed time per iteration (ms): "
+             "13021.2 | learning rate: 9.997E-06 | global batch size:     4 | loss: 6.931472E-01 | "
+             "rewards/chosen: 0.000000E+00 | rewards/accuracies: 0.000000E+00 | grad norm: 12.44 |")
+
+
+def test_megatron_iteration_line():
+    p = parse_progress(MEGATRON)
+    assert (p.iteration, p.train_iters, p.consumed_samples) == (10, 100, 640)
+    assert p.step_time_ms == 1234.5 and p.tflops_per_gpu == 118.3 and p.loss == 2.345678
+    assert p.grad_norm == 0.512 and p.global_batch_size == 64 and p.learning_rate == 1e-5
+    assert p.extra["load_balancing_loss"] == 1.012345 and p.extra["loss scale"] == 1.0
+    assert round(p.tokens_per_second(4096)) == round(64 * 4096 / 1.2345)
+    assert progress_summary(p, 4096) == ("iteration 10/100 | 1.23 s/it | 212,348 tokens/s | loss 2.346 | "
+                                         "118.3 TFLOP/s/GPU | grad norm 0.512")
+
+
+def test_swift_dpo_line_and_non_iteration_lines():
+    p = parse_progress(SWIFT_DPO)
+    assert (p.iteration, p.loss, p.grad_norm) == (3, 0.6931472, 12.44)
+    assert p.extra["rewards/chosen"] == 0.0
+    assert parse_progress("[rank0]: building the model, iteration 5 of the plan") is None
+    assert parse_progress("no numbers here | at all") is None
+
+
+PY_SPY_BLOCKED = """Process 4242: python worker.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4242 (idle): "MainThread"
+    all_reduce (torch/distributed/distributed_c10d.py:2810)
+    wrapper (torch/distributed/c10d_logger.py:81)
+    train_step (/work/job/worker.py:21)
+    <module> (/work/job/worker.py:40)
+Thread 4300 (idle): "Thread-1 (_pin_memory_loop)"
+    wait (threading.py:324)
+"""
+PY_SPY_SLEEPING = """Process 4243: python worker.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4243 (idle): "MainThread"
+    load_batch (/work/job/worker.py:12)
+    train_step (/work/job/worker.py:19)
+    <module> (/work/job/worker.py:40)
+"""
+
+
+def test_where_and_summary():
+    assert where(PY_SPY_BLOCKED) == "all_reduce (distributed_c10d.py:2810)"
+    assert where(PY_SPY_SLEEPING) == "load_batch (worker.py:12)"
+    dumps = [StackDump(rank=str(r), node=r // 4, pid=r, where=where(PY_SPY_BLOCKED)) for r in range(8) if r != 5]
+    dumps.append(StackDump(rank="5", node=1, pid=5, where=where(PY_SPY_SLEEPING)))
+    dumps.append(StackDump(rank="9", node=2, pid=9, error="py-spy dump timed out after 30s"))
+    assert summarize(dumps) == ("ranks 0-4, 6-7 in all_reduce (distributed_c10d.py:2810); "
+                                "rank 5 in load_batch (worker.py:12); rank 9 in unknown (py-spy dump timed out after 30s)")
+
+
+def failed(kind="failed", code=1, lines=(), iterations=0) -> GangResult:
+    node = NodeResult(rank=1, hostname="h", ip="1.1.1.1", node_id="x", location="", status="failed",
+                      exit_code=code, last_lines=list(lines))
+    return GangResult(job="j", launch_id="l", ok=False, failure=f"node 1 failed ({kind})", failure_kind=kind,
+                      failed_node=1, nodes=[node], iterations_seen=iterations, last_iteration=iterations or None)
+
+
+def test_restart_rules():
+    policy = RestartSpec(max_restarts=2)
+    assert should_retry(failed("lost"), policy, 0)[0]
+    assert should_retry(failed("hang"), policy, 1)[0]
+    assert not should_retry(failed("lost"), policy, 2)[0], "max_restarts reached"
+    assert not should_retry(failed("timeout"), policy, 0)[0]
+    assert not should_retry(failed("cancelled"), policy, 0)[0]
+    assert not should_retry(GangResult(job="j", launch_id="l", ok=True), policy, 0)[0]
+    nccl = ["[rank3]:[E] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE)"]
+    assert should_retry(failed(lines=nccl), policy, 0) == (True, "the output shows 'Watchdog caught collective operation timeout'")
+    retry, why = should_retry(failed(code=2, lines=["error: unrecognized arguments: --bogus"]), policy, 0)
+    assert not retry and "never_exit_codes" in why
+    assert not should_retry(failed(lines=["ModuleNotFoundError: No module named 'megatron'"], iterations=3), policy, 0)[0]
+    assert should_retry(failed(code=-9), policy, 0)[0]
+    assert should_retry(failed(code=1, iterations=40), policy, 0) == (True, "it failed after making progress (iteration 40)")
+    assert not should_retry(failed(code=1), policy, 0)[0], "a crash before the first iteration looks like config"
+    assert should_retry(failed(code=7), RestartSpec(max_restarts=1, retry_exit_codes=[7]), 0)[0]
+    assert not should_retry(failed("lost"), RestartSpec(max_restarts=0), 0)[0]
