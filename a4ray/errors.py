@@ -64,3 +64,21 @@ class Cancelled(GangFailed):
     """The launch was cancelled (Ctrl-C, `ray job stop`); every node's process group was terminated."""
 
     exit_code = 130
+
+
+class StagingError(A4RayError):
+    """An artifact could not be staged. Names the artifact; nothing half-done was published."""
+
+    def __init__(self, artifact: str, message: str, *, hint: str | None = None):
+        self.artifact = artifact
+        super().__init__(f"artifact {artifact!r}: {message}" if artifact else message, hint=hint)
+
+
+class StagingFailed(A4RayError):
+    """One or more artifacts failed to stage; `result` holds every artifact's outcome."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, result=None, hint: str | None = None):
+        self.result = result
+        super().__init__(message, hint=hint)
