@@ -23,6 +23,18 @@ class A4RayError(Exception):
         text = self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
         return redact(text)
 
+    def __reduce__(self):
+        # Subclasses take other constructor arguments than `args`; rebuild from the attributes so an
+        # error raised in a Ray task reaches the driver as itself.
+        return (_rebuild, (type(self), self.__dict__.copy()))
+
+
+def _rebuild(cls: type[A4RayError], state: dict) -> A4RayError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, state.get("message", ""))
+    error.__dict__.update(state)
+    return error
+
 
 class SpecError(A4RayError):
     """A spec file or override does not validate. Names the file, the dotted field and the problem."""

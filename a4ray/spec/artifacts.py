@@ -158,6 +158,8 @@ class StagingOptions(Spec):
     token_file: str | None = Field(
         None, description="file on the nodes holding the Hub token (a mounted Kubernetes Secret); "
         f"else {' or '.join(TOKEN_ENV)} from the nodes' environment")
+    hf_endpoint: str | None = Field(None, description="Hub endpoint for hf:// sources (a mirror); default: "
+                                    "HF_ENDPOINT on the nodes, else huggingface.co")
     max_workers: PositiveInt = Field(8, description="files downloaded in parallel per artifact")
     retries: NonNegativeInt = Field(2, description="re-runs of a staging task whose worker or node died (resuming)")
     replace: bool = Field(False, description="replace a target staged from another source, modified, or "

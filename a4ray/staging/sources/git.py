@@ -47,6 +47,9 @@ class GitSource(Source):
             if head == commit:
                 return self._submodules(repo)
         self._git("init", "-q", cwd=repo)
+        # a4ray's manifest and partial marker are not part of the tree: keep `git status` clean for users too.
+        (repo / ".git" / "info").mkdir(parents=True, exist_ok=True)
+        (repo / ".git" / "info" / "exclude").write_text(".a4ray-*\n")
         self._git("remote", "remove", "origin", cwd=repo, check=False)
         self._git("remote", "add", "origin", self.ref.location, cwd=repo)
         if self._git("fetch", "-q", "--depth", "1", "origin", commit, cwd=repo, check=False).returncode != 0:

@@ -18,7 +18,7 @@ import requests
 from a4ray.staging.sources.base import FetchContext, Listing, RemoteFile, Source, parallel
 
 PART = ".a4ray-part"
-_CHUNK = 4 * 2**20
+_CHUNK = 2**20  # also what a dropped connection can cost: a chunk cut short is not written
 _TIMEOUT = (30, 120)  # connect, read (seconds without a byte)
 _ATTEMPTS = 6  # consecutive failures without progress before giving up
 

@@ -5,7 +5,7 @@ hf://: the revision is resolved to a commit first (`HfApi.repo_info`), the tree 
 moves the bytes: Xet (hf_xet) where the repo and package allow it, otherwise HTTP; files already
 complete in the partial directory (its `.cache/huggingface` metadata) are skipped on a rerun. Every file
 is then checked against the listing: LFS files by sha256, the others by their git blob id.
-The endpoint is `HF_ENDPOINT` (a mirror, or the local Hub-compatible server of the tests).
+The endpoint is `staging.hf_endpoint`, else `HF_ENDPOINT` (a mirror, or the tests' local Hub-compatible server).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ class HfSource(Source):
     def _api(self, token: str | None):
         from huggingface_hub import HfApi
 
-        return HfApi(token=token or False)  # False: never fall back to a token cached in ~/.cache
+        # token=False: never fall back to a token cached in ~/.cache; only the one a4ray was told about.
+        return HfApi(endpoint=self.options.hf_endpoint, token=token or False)
 
     def _explain(self, error: Exception, token: str | None) -> Exception:
         from huggingface_hub.errors import (
@@ -83,7 +84,7 @@ class HfSource(Source):
             snapshot_download(
                 self.ref.location, repo_type=self.ref.repo_type, revision=listing.resolved,
                 local_dir=ctx.partial, allow_patterns=[f.path for f in listing.files],
-                token=ctx.token or False, max_workers=ctx.max_workers,
+                token=ctx.token or False, max_workers=ctx.max_workers, endpoint=self.options.hf_endpoint,
             )
         except OSError:
             raise  # disk full and friends: the task explains them with the target's free space
