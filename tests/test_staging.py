@@ -148,7 +148,8 @@ def test_hf_snapshot_from_local_hub_with_secret_token(local_cluster, server, tmp
     texts = [first.model_dump_json(), again.model_dump_json(), (target / MANIFEST).read_text(), message,
              "".join(capfd.readouterr())]
     session_logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
-    texts += [p.read_text(errors="replace") for p in session_logs.rglob("*") if p.is_file() and p.stat().st_size < 2**24]
+    texts += [p.read_text(errors="replace") for p in session_logs.rglob("*")
+              if p.is_file() and p.stat().st_size < 2**24]
     assert not [t for t in texts if SENTINEL in t or "hf_WRONG_token" in t]
 
 
@@ -221,7 +222,8 @@ def test_git_checkout_is_pinned_and_verified(local_cluster, tmp_path):
     (repo / "run.sh").write_text("echo 2\n")
     subprocess.run([*git, "-C", str(repo), "commit", "-qam", "two"], check=True)
 
-    spec = stage_job(tmp_path, {"name": "patch", "source": f"git+file://{repo}@{first}", "target": "Pai-Megatron-Patch"})
+    spec = stage_job(tmp_path, {"name": "patch", "source": f"git+file://{repo}@{first}",
+                                "target": "Pai-Megatron-Patch"})
     result = stage(spec, display=QUIET)
     target = published(result, "patch")
     assert (target / "run.sh").read_text() == "echo 1\n"  # the pinned commit, not the branch head

@@ -89,10 +89,10 @@ def stage(spec: JobSpec | Sequence[ArtifactSpec], *, workspace: str | Path | Non
     started = time.monotonic()
     with connect(address, cluster=cluster, local_nodes=local_nodes) as conn:
         root = Path(workspace).resolve() if workspace else conn.workspace(storage.workspace, storage.local_workspace)
-        if conn.mode == "embedded":
+        if conn.simulated:  # every simulated node shares this machine's disk: the workspace is ours to create
             root.mkdir(parents=True, exist_ok=True)
-        requests = [StageRequest(artifact=_absolute_source(a), options=options, target=str(resolve_target(root, a.target)),
-                                 workspace=str(root), job=job) for a in artifacts]
+        requests = [StageRequest(artifact=_absolute_source(a), options=options, workspace=str(root), job=job,
+                                 target=str(resolve_target(root, a.target))) for a in artifacts]
         if artifacts and cluster.nodes > 1:
             check_shared(root, options, job_nodes=cluster.nodes)
         outcomes = run_requests(requests, display or Display(), timeout_s=timeout_s)

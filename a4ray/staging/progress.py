@@ -161,6 +161,7 @@ class Display:
         self.every_s = every_s
         self.tty = sys.stdout.isatty() if tty is None else tty
         self._last: dict[str, tuple[float, str, int]] = {}
+        self._since: float | None = None
         self._bar = None
         self._tasks: dict[str, int] = {}
 
@@ -168,7 +169,8 @@ class Display:
         if self.tty:
             return self._show_bar(snapshots)
         now = time.monotonic()
-        self._since = getattr(self, "_since", now)
+        if self._since is None:
+            self._since = now
         for p in snapshots:
             last = self._last.get(p.artifact)
             # Quiet for what finishes at once (cache hits): nothing before the first interval has passed.
