@@ -21,4 +21,8 @@ def _run(args: argparse.Namespace) -> int:
         kind = (parse_yaml(f.read(), args.config) or {}).get("kind")
     if not kind:
         raise SystemExit(f"a4ray run: {args.config} has no `kind:`")
+    if kind == "stage":  # not a gang workload: staging runs as Ray tasks
+        from a4ray.commands.stage import main_args
+
+        return main_args(args)
     return job_main(kind, argv=None, args=args)

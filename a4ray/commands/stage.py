@@ -27,20 +27,23 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
 
 def main_args(args: argparse.Namespace) -> int:
     from a4ray.console import say
-    from a4ray.errors import A4RayError, StagingFailed
+    from a4ray.errors import A4RayError, SpecError, StagingFailed
     from a4ray.redact import redact
     from a4ray.spec import load_job
     from a4ray.staging.api import plan, stage
 
     try:
-        sets = shorthand_sets(args) + (["staging.replace=true"] if args.replace else [])
+        sets = shorthand_sets(args) + (["staging.replace=true"] if getattr(args, "replace", False) else [])
         spec = load_job(args.config, sets, kind="stage")
+        if not spec.artifacts:
+            raise SpecError(spec.source, ["artifacts: nothing to stage"],
+                            hint="pass -f with a stage spec that lists artifacts, e.g. jobs/qwen3_next_local.yaml")
         if args.dry_run:
             print(plan(spec), flush=True)
             return 0
         with sigterm_as_interrupt():
-            result = stage(spec, address=args.address, local_nodes=args.local_nodes, only=args.only,
-                           workspace=args.workspace)
+            result = stage(spec, address=args.address, local_nodes=args.local_nodes,
+                           only=getattr(args, "only", []), workspace=getattr(args, "workspace", None))
     except StagingFailed as failure:
         print(failure.result.table(), flush=True)
         print(f"a4ray: error: {failure}", file=sys.stderr, flush=True)

@@ -87,13 +87,15 @@ def stage(spec: JobSpec | Sequence[ArtifactSpec], *, workspace: str | Path | Non
                                + ", ".join(a.name for a in artifacts) + ")")
         artifacts = [a for a in artifacts if a.name in only]
     started = time.monotonic()
+    if not artifacts:
+        return StageResult(ok=True, workspace=str(workspace or ""), duration_s=0.0, artifacts=[])
     with connect(address, cluster=cluster, local_nodes=local_nodes) as conn:
         root = Path(workspace).resolve() if workspace else conn.workspace(storage.workspace, storage.local_workspace)
         if conn.simulated:  # every simulated node shares this machine's disk: the workspace is ours to create
             root.mkdir(parents=True, exist_ok=True)
         requests = [StageRequest(artifact=_absolute_source(a), options=options, workspace=str(root), job=job,
                                  target=str(resolve_target(root, a.target))) for a in artifacts]
-        if artifacts and cluster.nodes > 1:
+        if cluster.nodes > 1:
             check_shared(root, options, job_nodes=cluster.nodes)
         outcomes = run_requests(requests, display or Display(), timeout_s=timeout_s)
     result = StageResult(ok=all(o.status != "failed" for o in outcomes), workspace=str(root),

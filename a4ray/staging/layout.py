@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -122,9 +123,7 @@ class CacheCheck:
 def read_manifest(paths: ArtifactPaths) -> Manifest | None:
     try:
         return Manifest.model_validate_json(paths.manifest.read_bytes())
-    except FileNotFoundError:
-        return None
-    except ValueError:
+    except (OSError, ValueError):  # absent, the target is a file, or not a manifest we can read
         return None
 
 
@@ -189,7 +188,10 @@ def remove_tree(path: Path) -> None:
         return
     aside = path.parent / f".{path.name}.a4ray-trash-{uuid.uuid4().hex[:8]}"
     path.rename(aside)
-    shutil.rmtree(aside, ignore_errors=True)
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        aside.unlink()
 
 
 def _fsync_path(path: Path) -> None:
@@ -209,8 +211,6 @@ def publish(paths: ArtifactPaths, manifest: Manifest) -> str:
     Returns the manifest's sha256. A crash before the rename leaves only the partial directory; after it,
     the complete artifact. There is no moment where a target exists without all its files.
     """
-    import hashlib
-
     body = manifest.model_dump_json(indent=2).encode()
     with open(paths.partial / MANIFEST, "wb") as f:
         f.write(body)

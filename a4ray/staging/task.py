@@ -10,6 +10,7 @@ resumes; a published target is always complete and verified.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import socket
@@ -137,8 +138,6 @@ class _Staging:
         check = check_published(self.paths, self.fingerprint)
         if check.state == "hit":
             assert check.manifest is not None
-            import hashlib
-
             digest = hashlib.sha256(self.paths.manifest.read_bytes()).hexdigest()
             return self.outcome("cached", check.manifest, digest)
         source = source_for(self.artifact, self.req.options)
@@ -173,7 +172,7 @@ class _Staging:
 
     def _set_aside(self, source: Source) -> None:
         """--replace: the old target becomes the partial directory when the source can re-verify its files."""
-        if source.scheme in ("hf", "git") and not self.paths.partial.exists():
+        if source.scheme in ("hf", "git") and self.paths.target.is_dir() and not self.paths.partial.exists():
             (self.paths.target / ".a4ray-manifest.json").unlink(missing_ok=True)
             os.rename(self.paths.target, self.paths.partial)
         else:

@@ -91,11 +91,10 @@ def select(names: Iterable[str], artifact: ArtifactSpec) -> list[str]:
     if missing:
         raise StagingError(artifact.name, f"not in {artifact.source}: {', '.join(sorted(missing))}",
                            hint="check `files:` against the source (names are relative to it)")
+    chosen = set(names)
     if artifact.files or artifact.include:
-        chosen = wanted | set(filter_repo_objects(names, allow_patterns=artifact.include)) if artifact.include \
-            else wanted
-    else:
-        chosen = set(names)
+        matched = set(filter_repo_objects(names, allow_patterns=artifact.include)) if artifact.include else set()
+        chosen = wanted | matched
     if artifact.exclude:
         chosen = set(filter_repo_objects(sorted(chosen), ignore_patterns=artifact.exclude))
     if not chosen:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 from pathlib import Path
 
 import fsspec
@@ -99,6 +100,4 @@ def _copy_local(src: str, dst: Path) -> None:
             fin.seek(0)
             fout.seek(0)
             fout.truncate()
-            import shutil
-
             shutil.copyfileobj(fin, fout, 16 * 2**20)
