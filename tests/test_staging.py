@@ -300,6 +300,33 @@ def test_a_killed_staging_task_publishes_nothing_and_the_rerun_resumes(local_clu
     assert sha["big.bin"] == hashlib.sha256(data).hexdigest()
 
 
+@pytest.mark.slow
+def test_losing_the_staging_service_mid_download_resumes_with_a_new_one(local_cluster, server, tmp_path):
+    data = os.urandom(3 * 2**20)
+    server.files["shard.bin"] = data
+    server.rate = 1 * 2**20
+    spec = stage_job(tmp_path, {"name": "shard", "source": f"{server.url}/files/shard.bin", "target": "shard"})
+    target = tmp_path / "ws" / "shard"
+    results: list = []
+    thread = threading.Thread(target=lambda: _catch(results, lambda: results.append(stage(spec, display=QUIET))))
+    thread.start()
+    service = get_service()
+    for _ in range(600):
+        snaps = ray.get(service.snapshot.remote([str(target)]))
+        if snaps and snaps[0].bytes > 2**20:
+            break
+        time.sleep(0.05)
+    ray.kill(service)  # the owner of the staging dies; its task dies with it
+    server.rate = None
+    thread.join(timeout=120)
+    assert len(results) == 1 and not isinstance(results[0], BaseException), results
+    (outcome,) = results[0].artifacts
+    assert outcome.status == "ran" and outcome.resumed_bytes >= 2**20  # a new service resumed the partial file
+    assert (target / "shard.bin").read_bytes() == data
+    ranges = [r.range for r in server.log if r.method == "GET"]
+    assert ranges[0] is None and all(r and r.startswith("bytes=") for r in ranges[1:]), ranges
+
+
 def _catch(into: list, fn) -> None:
     try:
         fn()

@@ -14,7 +14,9 @@ what it downloaded stays in the partial directory for the next run.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import ray
 
@@ -23,7 +25,19 @@ from a4ray.runtime.connect import NAMESPACE
 from a4ray.staging.progress import Progress
 from a4ray.staging.task import ArtifactOutcome, StageRequest, run_stage
 
-SERVICE_NAME = "a4ray-staging-v1"  # bump the version when the service's interface changes
+
+
+def _code_version() -> str:
+    """A digest of the staging code: a detached service runs the code of the job that started it, so each
+    version of the code gets its own service (the on-disk lock still serializes them on a target)."""
+    root = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted([*root.rglob("*.py"), root.parent / "spec" / "artifacts.py"]):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+SERVICE_NAME = f"a4ray-staging-{_code_version()}"
 
 
 def _stage_task(request: StageRequest, service) -> ArtifactOutcome:
