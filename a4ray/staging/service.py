@@ -114,6 +114,7 @@ class StagingService:
                            "run resumes it")
         finally:
             self.flights.pop(key, None)
+            self.progress.pop(key, None)
 
     async def report(self, progress: Progress) -> None:
         if progress.target in self.flights:
