@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := openmpi-bin libopenmpi-dev shellcheck
 
-.PHONY: install system-deps rehearsal test kuberay
+.PHONY: install system-deps rehearsal rehearsal-stage test kuberay
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,6 +25,11 @@ system-deps:
 # The main job, rehearsed on an embedded local Ray cluster of simulated A4 nodes.
 rehearsal: install
 	$(PY) -m a4ray.ddp_test --local-nodes 2 --gpus-per-node 2
+
+# Stage the tiny local stand-ins of the Qwen3-Next inputs on an embedded cluster (twice: the second is cached).
+rehearsal-stage: install
+	$(VENV)/bin/a4ray standins
+	$(VENV)/bin/a4ray stage -f jobs/qwen3_next_local.yaml
 
 test: install system-deps
 	$(PY) -m pytest

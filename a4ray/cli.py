@@ -11,6 +11,7 @@ SUBCOMMAND_MODULES = [
     "a4ray.commands.run",
     "a4ray.commands.local",
     "a4ray.commands.k8s",
+    "a4ray.commands.stage",
 ]
 
 

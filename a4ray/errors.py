@@ -23,6 +23,18 @@ class A4RayError(Exception):
         text = self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
         return redact(text)
 
+    def __reduce__(self):
+        # Subclasses take other constructor arguments than `args`; rebuild from the attributes so an
+        # error raised in a Ray task reaches the driver as itself.
+        return (_rebuild, (type(self), self.__dict__.copy()))
+
+
+def _rebuild(cls: type[A4RayError], state: dict) -> A4RayError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, state.get("message", ""))
+    error.__dict__.update(state)
+    return error
+
 
 class SpecError(A4RayError):
     """A spec file or override does not validate. Names the file, the dotted field and the problem."""
@@ -76,3 +88,21 @@ class ManifestInvalid(A4RayError):
 
 class KubeError(A4RayError):
     """The Kubernetes API refused or failed a call (no cluster, no KubeRay, object exists, forbidden, ...)."""
+
+
+class StagingError(A4RayError):
+    """An artifact could not be staged. Names the artifact; nothing half-done was published."""
+
+    def __init__(self, artifact: str, message: str, *, hint: str | None = None):
+        self.artifact = artifact
+        super().__init__(f"artifact {artifact!r}: {message}" if artifact else message, hint=hint)
+
+
+class StagingFailed(A4RayError):
+    """One or more artifacts failed to stage; `result` holds every artifact's outcome."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, result=None, hint: str | None = None):
+        self.result = result
+        super().__init__(message, hint=hint)

@@ -24,4 +24,8 @@ def _run(args: argparse.Namespace) -> int:
     if kind == "cluster":
         raise SystemExit(f"a4ray run: {args.config} describes a cluster, not a job: `a4ray up -f {args.config}` "
                          "creates it on GKE; run a job spec (e.g. jobs/ddp_test.yaml) instead")
+    if kind == "stage":  # not a gang workload: staging runs as Ray tasks
+        from a4ray.commands.stage import main_args
+
+        return main_args(args)
     return job_main(kind, argv=None, args=args)

@@ -1,6 +1,7 @@
 """Pydantic specs: the one source of truth for every job. Importing this registers every job kind."""
 
 from a4ray.spec.command import CommandJob, CommandSpec
+from a4ray.spec.artifacts import ArtifactSpec, StageJob, Staged, StagingOptions
 from a4ray.spec.cluster import ClusterSpec, NetworkSpec, StorageSpec, TopologySpec
 from a4ray.spec.ddp import DDPTestJob, DDPTestSpec
 from a4ray.spec.job import JOB_KINDS, ClusterJob, JobSpec, job_kind
@@ -8,7 +9,7 @@ from a4ray.spec.kuberay import KubeRaySpec
 from a4ray.spec.loader import load_job, parse_sets
 
 __all__ = [
-    "JOB_KINDS", "ClusterJob", "ClusterSpec", "CommandJob", "CommandSpec", "DDPTestJob", "DDPTestSpec", "JobSpec",
-    "KubeRaySpec", "NetworkSpec", "StorageSpec",
-    "TopologySpec", "job_kind", "load_job", "parse_sets",
+    "JOB_KINDS", "ArtifactSpec", "ClusterJob", "ClusterSpec", "CommandJob", "CommandSpec", "DDPTestJob", "DDPTestSpec",
+    "JobSpec", "KubeRaySpec", "NetworkSpec", "StageJob", "Staged", "StagingOptions", "StorageSpec", "TopologySpec",
+    "job_kind", "load_job", "parse_sets",
 ]

@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from a4ray.errors import SpecError
+from a4ray.redact import MASK, is_secret_name
 
 Override = tuple[str, Any, str]  # (dotted path, parsed value, how the user wrote it)
 Token = str | int
@@ -96,8 +97,10 @@ def parse_sets(items: list[str] | tuple[str, ...]) -> list[Override]:
             key, eq, raw = assignment.partition("=")
             if not eq or not key.strip():
                 raise SpecError("--set", [f"{assignment!r}: expected key=value (e.g. cluster.nodes=4)"])
-            value = parse_yaml(raw, f"--set {assignment}") if raw.strip() else ""
-            overrides.append((key.strip(), value, f"--set {assignment.strip()}"))
+            # A value given for a secret-looking key (hf_token=...) is never echoed back in errors.
+            shown = f"{key.strip()}={MASK}" if is_secret_name(key) else assignment.strip()
+            value = parse_yaml(raw, f"--set {shown}") if raw.strip() else ""
+            overrides.append((key.strip(), value, f"--set {shown}"))
     return overrides
 
 
@@ -209,6 +212,8 @@ def _describe(error: dict, cls: type[BaseModel]) -> str:
         article = "" if wanted.startswith(("a ", "an ", "'", '"', "one of", "a valid")) else "a value "
         msg = f"expected {article}{wanted}"
     given = error.get("input")
+    if any(isinstance(part, str) and is_secret_name(part) for part in loc):
+        return msg  # never echo what was given for a secret-looking field
     if kind != "model_type" and not isinstance(given, (dict, list)):
         shown = repr(given)
         msg += f", got {shown if len(shown) <= 60 else shown[:57] + '...'}"
