@@ -5,9 +5,6 @@ The `python -m a4ray.<workload>` modules, the `a4ray` CLI and the notebook API a
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
 import time
 
 from a4ray.console import say
@@ -17,27 +14,10 @@ from a4ray.rundir import RunDir
 from a4ray.runtime.connect import connect
 from a4ray.runtime.gang import Gang, GangResult
 from a4ray.runtime.restart import should_retry
+from a4ray.runtime.signals import sigterm_as_interrupt
 from a4ray.spec.job import JobSpec
 from a4ray.workloads import WORKLOADS
 from a4ray.workloads.base import Workload, WorkloadResult
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """`ray job stop` sends SIGTERM: treat it like Ctrl-C so the gang is stopped cleanly. Installed after
-    `ray.init`, which sets a SIGTERM handler of its own that would exit without stopping the gang."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def workload_for(spec: JobSpec) -> Workload:

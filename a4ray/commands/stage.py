@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from a4ray.entry import add_job_options, shorthand_sets, sigterm_as_interrupt
+from a4ray.entry import add_job_options, shorthand_sets
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
@@ -41,9 +41,8 @@ def main_args(args: argparse.Namespace) -> int:
         if args.dry_run:
             print(plan(spec), flush=True)
             return 0
-        with sigterm_as_interrupt():
-            result = stage(spec, address=args.address, local_nodes=args.local_nodes,
-                           only=getattr(args, "only", []), workspace=getattr(args, "workspace", None))
+        result = stage(spec, address=args.address, local_nodes=args.local_nodes,
+                       only=getattr(args, "only", []), workspace=getattr(args, "workspace", None))
     except StagingFailed as failure:
         print(failure.result.table(), flush=True)
         print(f"a4ray: error: {failure}", file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from a4ray.console import say, table
 from a4ray.errors import StagingError, StagingFailed
 from a4ray.runtime.connect import connect
+from a4ray.runtime.signals import sigterm_as_interrupt
 from a4ray.spec.artifacts import ArtifactSpec, Staged, StagingOptions
 from a4ray.spec.cluster import ClusterSpec, StorageSpec
 from a4ray.spec.job import JobSpec
@@ -97,7 +98,8 @@ def stage(spec: JobSpec | Sequence[ArtifactSpec], *, workspace: str | Path | Non
                                  target=str(resolve_target(root, a.target))) for a in artifacts]
         if cluster.nodes > 1:
             check_shared(root, options, job_nodes=cluster.nodes)
-        outcomes = run_requests(requests, display or Display(), timeout_s=timeout_s)
+        with sigterm_as_interrupt():  # after ray.init, which installs a SIGTERM handler of its own
+            outcomes = run_requests(requests, display or Display(), timeout_s=timeout_s)
     result = StageResult(ok=all(o.status != "failed" for o in outcomes), workspace=str(root),
                          duration_s=time.monotonic() - started, artifacts=outcomes)
     if not result.ok:
