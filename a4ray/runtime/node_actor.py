@@ -301,6 +301,10 @@ class NodeActor:
             return []
         return [p.pid for p in launch_processes(self._process.pid, self._process.launch_id)]
 
+    def call(self, fn, *args, **kwargs):
+        """Run `fn(*args, **kwargs)` on this node (preflight checks, probes) and return its result."""
+        return fn(*args, **kwargs)
+
     def path_writable(self, path: str) -> bool:
         try:
             Path(path).mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,10 @@ class NodeFacts(BaseModel):
     def location(self, topology: TopologySpec) -> tuple[str, str, str]:
         return tuple(self.labels.get(k, "") for k in topology.label_keys)  # type: ignore[return-value]
 
+    def short_name(self, topology: TopologySpec) -> str:
+        """The host label where the node has one (unique per machine), else its hostname."""
+        return self.labels.get(topology.host_label) or self.hostname
+
     def describe(self, topology: TopologySpec) -> str:
         where = "/".join(p for p in self.location(topology) if p)
         return f"{self.hostname} ({self.ip}{', ' + where if where else ''})"

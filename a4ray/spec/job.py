@@ -13,7 +13,7 @@ from pydantic import Field, PositiveFloat, PrivateAttr, model_validator
 from a4ray.spec.base import Spec
 from a4ray.spec.cluster import ClusterSpec, NetworkSpec, StorageSpec
 from a4ray.spec.kuberay import KubeRaySpec
-from a4ray.spec.observe import ObserveSpec, RestartSpec
+from a4ray.spec.observe import DoctorSpec, ObserveSpec, RestartSpec
 
 JOB_KINDS: dict[str, type[JobSpec]] = {}
 
@@ -39,6 +39,7 @@ class JobSpec(Spec):
     timeout_s: PositiveFloat | None = Field(None, description="wall-clock limit of the launch")
     observe: ObserveSpec = ObserveSpec()
     restart: RestartSpec = RestartSpec()
+    doctor: DoctorSpec = DoctorSpec()
     kuberay: KubeRaySpec = Field(KubeRaySpec(), description="how `a4ray render` / `a4ray up` run it on GKE")
 
     # Where the spec came from, for error messages ("jobs/x.yaml", "<python>").

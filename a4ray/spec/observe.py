@@ -63,3 +63,12 @@ class ObserveSpec(Spec):
     summary_every: PositiveInt = Field(10, description="print a progress summary every N iterations")
     seq_length: PositiveInt | None = Field(None, description="tokens per sample, to derive tokens/s")
     watchdog: WatchdogSpec = WatchdogSpec()
+
+
+class DoctorSpec(Spec):
+    """Preflight thresholds (`a4ray doctor`, and the pipeline's preflight step before training)."""
+
+    min_shm_gb: float = Field(8, ge=0, description="/dev/shm size below this is a warning (A4 pods: 250Gi)")
+    min_free_disk_gb: float = Field(20, ge=0, description="free space on the workspace below this is a failure")
+    max_clock_skew_s: float = Field(2.0, gt=0, description="clock skew against the driver above this fails")
+    network: bool = Field(True, description="run a short all-reduce over the gang and check NCCL's transport")

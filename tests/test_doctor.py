@@ -1,0 +1,41 @@
+"""The preflight doctor on the CPU cluster: the checks that apply pass, GPU/RDMA/gIB say "not present",
+and a node that cannot write to the workspace is named, with the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from a4ray.observe.doctor import PROBE_DIR, doctor
+from conftest import job
+
+pytestmark = pytest.mark.slow
+
+
+def test_doctor_on_simulated_nodes(local_cluster, tmp_path):
+    spec = job("ddp_test", "cluster.nodes=3", "cluster.gpus_per_node=2", workspace=tmp_path)
+    result = doctor(spec)
+    assert result.ok, result.table()
+    by = {(c.node, c.name): c for c in result.checks}
+    for node in range(3):
+        for name in ("GPUs", "RDMA", "gIB plugin"):
+            assert by[(node, name)].status == "n/a" and "not present" in by[(node, name)].detail
+        for name in ("/dev/shm", "disk", "workspace", "clock", "py-spy"):
+            assert by[(node, name)].status == "ok", by[(node, name)]
+    assert by[(0, "workspace")].detail == "writable, shared with node 1"
+    assert result.verdict.startswith("PASS: ") and "on 3 node(s)" in result.verdict
+    assert not list((tmp_path / PROBE_DIR).glob("*/*.probe")), "probes are cleaned up"
+
+
+def test_doctor_names_the_node_that_cannot_write_the_workspace(local_cluster, tmp_path):
+    # The nodes share this machine's disk; block the path only node sim-host-001 writes its probe under.
+    (tmp_path / PROBE_DIR).mkdir()
+    (tmp_path / PROBE_DIR / "sim-host-001").write_text("not a directory")
+    spec = job("ddp_test", "cluster.nodes=3", "cluster.gpus_per_node=2", workspace=tmp_path)
+    result = doctor(spec)
+    assert not result.ok
+    [failure] = result.failures
+    assert failure.name == "workspace" and failure.host == "sim-host-001"
+    assert "cannot write to" in failure.detail and failure.fix.startswith("mount the shared workspace")
+    assert f"node {failure.node} (sim-host-001) workspace: cannot write to" in result.verdict
+    # The node that should read the blocked node's probe is not blamed for it.
+    assert all(c.status == "ok" for c in result.checks if c.name == "workspace" and c.host != "sim-host-001")
