@@ -6,7 +6,6 @@ The `python -m a4ray.<workload>` modules, the `a4ray` CLI and the notebook API a
 from __future__ import annotations
 
 from a4ray.console import say
-from a4ray.errors import GangFailed
 from a4ray.rundir import RunDir
 from a4ray.runtime.connect import connect
 from a4ray.runtime.gang import Gang
@@ -34,14 +33,7 @@ def run(spec: JobSpec, *, address: str | None = None, local_nodes: int | None = 
         run_dir.write("spec.yaml", spec.to_yaml())
         run_dir.write("plan.json", work.plan())
         with Gang(spec, log_dir=str(run_dir.logs), run_dir=str(run_dir.root)) as gang:
-            try:
-                gang_result = gang.run(work.launch, timeout_s=spec.timeout_s, env_name=spec.kind)
-            except GangFailed as failure:
-                if failure.result is None:
-                    raise
-                say(f"FAILED: {failure}")
-                gang_result = failure.result
-        result = work.result(gang_result)
+            result = work.execute(gang)
         run_dir.write("result.json", result)
         say(f"logs: {run_dir.logs} (one file per node and per rank)")
     return result

@@ -4,7 +4,8 @@ Each simulated node is a real Ray node (its own raylet, via `ray.cluster_utils.C
 GPUs, the machine-type resource an A4 node advertises, and node labels carrying a simulated physical
 topology under the same keys GKE uses, so the gang code cannot tell it from A4 nodes. Where this
 machine has enough real GPUs, each node gets its own slice of them (CUDA_VISIBLE_DEVICES of its raylet),
-so NCCL runs across "nodes" for real.
+so NCCL runs across "nodes" for real. Each node also gets its own loopback address (127.0.0.2, .3, ...)
+as its Ray node IP, so rendezvous addresses, MPI hostfiles and OpenMPI itself see distinct hosts.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ def simulated_location(index: int, topology: TopologySpec) -> dict[str, str]:
     }
 
 
+def simulated_ip(index: int) -> str:
+    """Simulated node `index`'s own address: all of 127.0.0.0/8 reaches this machine on Linux."""
+    if not 0 <= index < 250:
+        raise ValueError(f"simulated node index {index} out of range (0..249)")
+    return f"127.0.0.{2 + index}"
+
+
 def physical_gpu_ids() -> list[str]:
     """GPUs this process may use: CUDA_VISIBLE_DEVICES if set, else what nvidia-smi lists."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -46,7 +54,8 @@ class SimulatedCluster:
     def __init__(self, nodes: int, gpus_per_node: int, *, machine_type: str = "a4-highgpu-8g",
                  topology: TopologySpec | None = None, cpus_per_node: int = 4,
                  dashboard: bool = False, dashboard_port: int | None = None,
-                 object_store_mb: int = 256, persistent: bool = False):
+                 object_store_mb: int = 256, persistent: bool = False, loopback_ips: bool = True,
+                 node_env: dict[int, dict[str, str]] | None = None):
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.machine_type = machine_type
@@ -56,6 +65,8 @@ class SimulatedCluster:
         self.dashboard_port = dashboard_port
         self.object_store_mb = object_store_mb
         self.persistent = persistent
+        self.loopback_ips = loopback_ips
+        self.node_env = node_env or {}  # extra env of one node's processes (e.g. a misconfigured node)
         self.cluster = None
         self.workers: dict[int, object] = {}  # simulated node index -> ray._private.node.Node
         self._gpu_slices: list[str] | None = None
@@ -93,19 +104,28 @@ class SimulatedCluster:
         assert self.cluster is not None
         if index is None:
             index = max(self.workers, default=-1) + 1
-        env = {}
+        env = {**self._separate_host_env(index), **self.node_env.get(index, {})}
         if self._gpu_slices is not None and (index + 1) * self.gpus_per_node <= len(self._gpu_slices):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(
                 self._gpu_slices[index * self.gpus_per_node:(index + 1) * self.gpus_per_node])
         labels = {**simulated_location(index, self.topology), SIMULATED_LABEL: "true",
                   "a4ray.io/machine-type": self.machine_type}
+        ip = {"node_ip_address": simulated_ip(index)} if self.loopback_ips else {}
         node = self.cluster.add_node(
             num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node,
             resources={self.machine_type: 1}, labels=labels, env_vars=env,
-            object_store_memory=self.object_store_mb * 2**20,
+            object_store_memory=self.object_store_mb * 2**20, **ip,
         )
         self.workers[index] = node
         return node
+
+    def _separate_host_env(self, index: int) -> dict[str, str]:
+        """What makes simulated nodes as separate as machines where it matters. OpenMPI names its
+        shared-memory segments by hostname and node-local rank; simulated nodes share one hostname and
+        /dev/shm, so ranks of two of them would map each other's segments (and crash). So their ranks
+        talk TCP, as ranks on separate machines do (mpirun forwards OMPI_MCA_* to every rank, so the
+        value must be the same on every node)."""
+        return {"OMPI_MCA_btl": "^vader"}
 
     def remove_node(self, index: int) -> None:
         """Kill simulated node `index` abruptly, as a lost A4 node would be."""

@@ -7,7 +7,9 @@ from typing import ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from a4ray.runtime.gang import GangResult, Launch, NodeContext, describe_env_plan
+from a4ray.console import say
+from a4ray.errors import GangFailed
+from a4ray.runtime.gang import Gang, GangResult, Launch, NodeContext, Peer, describe_env_plan
 from a4ray.spec.job import JobSpec
 
 S = TypeVar("S", bound=JobSpec)
@@ -78,19 +80,44 @@ class Workload(ABC, Generic[S]):
     def result(self, gang: GangResult) -> WorkloadResult:
         """The typed result, parsed from what the nodes reported."""
 
-    def plan(self) -> Plan:
+    def execute(self, gang: Gang) -> WorkloadResult:
+        """Run the workload on a placed gang. One launch by default; a workload that needs several
+        (one per collective, node pairs, ...) overrides this."""
+        return self.result(run_launch(gang, self.launch, timeout_s=self.spec.timeout_s, env_name=self.spec.kind))
+
+    def plan_contexts(self) -> list[NodeContext]:
+        """Placeholder node contexts, computed from the spec alone (no cluster): for --dry-run."""
         c = self.spec.cluster
-        launches = [
-            self.launch(NodeContext(
+        peers = [Peer(rank=i, ip=f"<node-{i} ip>", hostname=f"<node-{i}>", actor=f"<node actor {i}>")
+                 for i in range(c.nodes)]
+        return [
+            NodeContext(
                 rank=rank, nnodes=c.nodes, gpus=c.gpus_per_node, master_addr="<node-0 ip>",
                 master_port="<free port on node 0>", ip=f"<node-{rank} ip>", hostname=f"<node-{rank}>",
-                log_dir="<run dir>/logs", run_dir="<run dir>", launch_id="<launch id>",
-            ))
+                log_dir="<run dir>/logs", run_dir="<run dir>", launch_id="<launch id>", peers=peers,
+                ray_address="<ray address>", namespace="<namespace>",
+            )
             for rank in range(c.nodes)
         ]
+
+    def plan(self) -> Plan:
+        c = self.spec.cluster
+        launches = [self.launch(ctx) for ctx in self.plan_contexts()]
         t = c.topology
         order = ("by IP" if t.order == "ip" else
                  f"by node labels {t.block_label}, {t.subblock_label}, {t.host_label}, then IP")
         env = describe_env_plan(self.spec, launches[0].env if launches else {})
         return Plan(job=self.spec.name, kind=self.spec.kind, rank_order=order, env=env,
                     nodes=[NodePlan(rank=i, argv=launch.argv, env=launch.env) for i, launch in enumerate(launches)])
+
+
+def run_launch(gang: Gang, build, **kwargs) -> GangResult:
+    """`gang.run(build, ...)`, with a failed launch returned as its (not ok) result instead of raised.
+    Errors before anything ran (placement, gIB, env scripts) still raise."""
+    try:
+        return gang.run(build, **kwargs)
+    except GangFailed as failure:
+        if failure.result is None:
+            raise
+        say(f"FAILED: {failure}")
+        return failure.result
