@@ -50,6 +50,10 @@ class EnvScriptFailed(A4RayError):
     """An env script a launch asked for (e.g. DeepEP's unified-env.sh) is missing on a node or fails."""
 
 
+class ToolMissing(A4RayError):
+    """A tool the spec requires (nccl-tests binaries, mpirun) is missing on some nodes."""
+
+
 class GangFailed(A4RayError):
     """A node of the gang failed (non-zero exit, actor death, node loss); the gang was torn down."""
 

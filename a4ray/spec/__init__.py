@@ -2,10 +2,14 @@
 
 from a4ray.spec.cluster import ClusterSpec, NetworkSpec, StorageSpec, TopologySpec
 from a4ray.spec.ddp import DDPTestJob, DDPTestSpec
+from a4ray.spec.deepep import DeepEPJob, DeepEPSpec
 from a4ray.spec.job import JOB_KINDS, JobSpec, job_kind
 from a4ray.spec.loader import load_job, parse_sets
+from a4ray.spec.mpi import MpiSpec
+from a4ray.spec.nccl import NcclTestJob, NcclTestSpec
 
 __all__ = [
-    "JOB_KINDS", "ClusterSpec", "DDPTestJob", "DDPTestSpec", "JobSpec", "NetworkSpec", "StorageSpec",
-    "TopologySpec", "job_kind", "load_job", "parse_sets",
+    "JOB_KINDS", "ClusterSpec", "DDPTestJob", "DDPTestSpec", "DeepEPJob", "DeepEPSpec", "JobSpec", "MpiSpec",
+    "NcclTestJob", "NcclTestSpec", "NetworkSpec", "StorageSpec", "TopologySpec", "job_kind", "load_job",
+    "parse_sets",
 ]

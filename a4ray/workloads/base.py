@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from abc import ABC, abstractmethod
 from typing import ClassVar, Generic, TypeVar
 
@@ -47,6 +48,7 @@ class Plan(BaseModel):
     nodes: list[NodePlan]
     rank_order: str
     env: list[str]
+    notes: list[str] = []
 
     def render(self) -> str:
         from a4ray.redact import Redactor, secret_values
@@ -56,10 +58,12 @@ class Plan(BaseModel):
         lines += [f"  {line}" for line in self.env]
         for node in self.nodes:
             lines.append(f"node {node.rank}:")
-            lines.append("  " + " ".join(node.argv))
+            lines.append("  " + (shlex.join(node.argv) if node.argv else "(standby: serves exec requests, "
+                                 "e.g. mpirun's daemons, until the other nodes' commands end)"))
             if node.env:
                 shown = Redactor(secret_values(node.env)).env(node.env)
                 lines.append("  env: " + " ".join(f"{k}={v}" for k, v in shown.items()))
+        lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
 
@@ -76,9 +80,9 @@ class Workload(ABC, Generic[S]):
     def launch(self, node: NodeContext) -> Launch:
         """The command one node runs."""
 
-    @abstractmethod
     def result(self, gang: GangResult) -> WorkloadResult:
-        """The typed result, parsed from what the nodes reported."""
+        """The typed result, parsed from what the nodes reported (used by the default `execute`)."""
+        raise NotImplementedError(f"{type(self).__name__}: override result() or execute()")
 
     def execute(self, gang: Gang) -> WorkloadResult:
         """Run the workload on a placed gang. One launch by default; a workload that needs several
