@@ -7,7 +7,9 @@ the best configurations, in either format:
   v1.2.1: `[tuning] Best dispatch (FP8): SMs 24, NVL chunk 4, RDMA chunk 8, transmit: 1.2 us, notify: 0.3 us, BW: 45.1 GB/s (RDMA), 147.2 GB/s (NVL)`
   later:  `[tuning] Best dispatch (FP8): SMs 24, NVL chunk 4, RDMA chunk 8: 45.10 GB/s (RDMA), 147.20 GB/s (NVL)`
   and `[tuning] Best combine: SMs 24, NVL chunk 1, RDMA chunk 16, ... GB/s (RDMA), ... GB/s (NVL)`.
-Lines may carry mpirun's `--tag-output` prefix `[job,rank]<stdout>:`, which says whose they are.
+Through mpirun with `--tag-output`, every chunk a rank writes is tagged `[job,rank]<stdout>:`, so a
+physical line may hold several nodes' chunks (`print(..., end='')` and `print(' passed')` are separate
+writes): each tagged piece is read as its rank's (one process per node, so the MPI rank is the node).
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel
 
-MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr)>:\s?")
+MPI_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr)>:")
 _TESTING = re.compile(r"\[testing\] Running with (\w+), (with|without) top-k")
-_PASSED = re.compile(r"\.\.\.\s*passed")
+_PASSED = re.compile(r"(?:^|\.\.\.)\s*passed\b")  # " passed" ends the case's line, or is its own chunk
 _LAYOUT = re.compile(r"\[layout\] Kernel performance: ([\d.]+) ms")
 _BEST = re.compile(
     r"\[tuning\] Best (dispatch \((FP8|BF16)\)|combine): SMs (\d+), NVL chunk (\d+), RDMA chunk (\d+)"
@@ -47,25 +49,29 @@ class NodeReport(BaseModel):
         return self.cases > 0 and self.passed == self.cases
 
 
-def strip_tag(line: str) -> tuple[int | None, str]:
-    """(MPI rank, text) for an mpirun --tag-output line; (None, line) otherwise."""
-    m = MPI_TAG.match(line)
-    return (int(m.group(1)), line[m.end():]) if m else (None, line)
+def pieces(node: int, line: str) -> list[tuple[int, str]]:
+    """(node, text) pieces of a line: split at mpirun's tags (which name the node), else the whole line."""
+    tags = list(MPI_TAG.finditer(line))
+    if not tags:
+        return [(node, line)]
+    out = [(node, line[:tags[0].start()])] if tags[0].start() else []
+    for tag, following in zip(tags, [*tags[1:], None]):
+        out.append((int(tag.group(1)), line[tag.end():following.start() if following else len(line)]))
+    return out
 
 
 def parse(lines: Iterable[tuple[int, str]]) -> list[NodeReport]:
-    """`lines` as (node, text); a --tag-output prefix overrides the node (its MPI rank is the node's rank,
-    one process per node)."""
+    """`lines` as (node, text); mpirun's tags, where present, say the node instead."""
     nodes: dict[int, NodeReport] = {}
-    for node, raw in lines:
-        rank, line = strip_tag(raw)
-        report = nodes.setdefault(rank if rank is not None else node, NodeReport(node=rank if rank is not None else node))
-        report.cases += len(_TESTING.findall(line))
-        report.passed += len(_PASSED.findall(line))
-        if m := _LAYOUT.search(line):
-            report.layout_ms = float(m.group(1))
-        if m := _BEST.search(line):
-            name = f"dispatch {m.group(2)}" if m.group(2) else "combine"
-            report.best[name] = Best(sms=int(m.group(3)), nvl_chunk=int(m.group(4)), rdma_chunk=int(m.group(5)),
-                                     rdma_gbps=float(m.group(6)), nvl_gbps=float(m.group(7)))
+    for line_node, raw in lines:
+        for node, text in pieces(line_node, raw):
+            report = nodes.setdefault(node, NodeReport(node=node))
+            report.cases += len(_TESTING.findall(text))
+            report.passed += len(_PASSED.findall(text))
+            if m := _LAYOUT.search(text):
+                report.layout_ms = float(m.group(1))
+            if m := _BEST.search(text):
+                name = f"dispatch {m.group(2)}" if m.group(2) else "combine"
+                report.best[name] = Best(sms=int(m.group(3)), nvl_chunk=int(m.group(4)), rdma_chunk=int(m.group(5)),
+                                         rdma_gbps=float(m.group(6)), nvl_gbps=float(m.group(7)))
     return [nodes[k] for k in sorted(nodes)]

@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 _USING = re.compile(r"NCCL INFO Using network (\w+)")
-_VIA = re.compile(r"NCCL INFO Channel \d+/\d+ : .*? via (NET/(\w+)\S*|[A-Z]+)")
+_VIA = re.compile(r"NCCL INFO Channel \d+/\d+ : .*? via (NET/(\w+)\S*|[A-Z0-9]+)")
 _PLUGIN = re.compile(r"NCCL INFO NET/(\w+)\s*:\s*Initializing (\w+) ?(v[\d.]+)?")
 _INFO = re.compile(r"NCCL INFO ")
 
