@@ -10,6 +10,7 @@ import sys
 SUBCOMMAND_MODULES = [
     "a4ray.commands.run",
     "a4ray.commands.local",
+    "a4ray.commands.network",
 ]
 
 

@@ -9,17 +9,12 @@ rather than TCP sockets, and exits 0 only if all passed. `--isolate` tests node 
 import argparse
 import sys
 
-from a4ray.entry import add_job_options, job_main
+from a4ray.commands.network import add_nccl_options, run_nccl_test
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = add_job_options(argparse.ArgumentParser(prog="python -m a4ray.nccl_test", description=__doc__))
-    parser.add_argument("--isolate", action="store_true",
-                        help="on failure or low busbw, test node pairs to name the bad nodes (nccl.isolate)")
-    args = parser.parse_args(argv)
-    if args.isolate:
-        args.set.append("nccl.isolate=true")
-    return job_main("nccl_test", args=args)
+    parser = add_nccl_options(argparse.ArgumentParser(prog="python -m a4ray.nccl_test", description=__doc__))
+    return run_nccl_test(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

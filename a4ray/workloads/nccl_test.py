@@ -150,7 +150,8 @@ class NcclTest(Workload[NcclTestJob]):
                      sizes: tuple[int, int] | None = None) -> Launch:
         n = self.spec.nccl
         low, high = sizes or (n.min_bytes, n.max_bytes)
-        cpu = (min(low, n.cpu_max_bytes), n.cpu_max_bytes) if sizes else (n.cpu_min_bytes, n.cpu_max_bytes)
+        # On CPU (gloo) the benchmark takes the rehearsal sizes; one size stays one size.
+        cpu = (n.cpu_max_bytes, n.cpu_max_bytes) if sizes else (n.cpu_min_bytes, n.cpu_max_bytes)
         args = ["-m", "a4ray.workloads.collectives", "--collectives", ",".join(collectives or n.collectives),
                 *self.size_args(low, high), "--cpu-min-bytes", format_size(cpu[0]),
                 "--cpu-max-bytes", format_size(cpu[1])]
@@ -290,11 +291,12 @@ class NcclTest(Workload[NcclTestJob]):
         failing = next((c for c in result.collectives if not c.ok), result.collectives[0])
         name = failing.collective
         n = self.spec.nccl
-        size = n.max_bytes if result.backend == "nccl" else n.cpu_max_bytes
+        size = n.max_bytes
         iso = Isolation(collective=name, size=size)
         count = len(gang.nodes)
         threshold = n.threshold(name, 2) if result.thresholds_applied else None
-        say(f"isolation: testing node pairs with {name} at {format_size(size)}")
+        say(f"isolation: testing node pairs with {name} at {format_size(size)}"
+            + (f" ({format_size(n.cpu_max_bytes)} where it runs on CPU)" if self.implementation == "torch" else ""))
 
         def test(members: list[int]) -> PairResult:
             lines = _Lines()
