@@ -26,5 +26,5 @@ system-deps:
 rehearsal: install
 	$(PY) -m a4ray.ddp_test --local-nodes 2 --gpus-per-node 2
 
-test: install system-deps
+test: system-deps install
 	$(PY) -m pytest

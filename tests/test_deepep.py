@@ -64,3 +64,10 @@ def test_mpi_rank_on_the_wrong_node_refuses_to_start():
     assert wrong.returncode == 97 and "MPI rank 1 runs on gang node 0" in wrong.stderr
     right = run_guard("1", "1")
     assert right.returncode == 0 and right.stdout.strip() == "RANK=1"
+
+
+def test_missing_env_script_names_the_node(local_cluster, tmp_path):
+    from a4ray.errors import EnvScriptFailed
+
+    with pytest.raises(EnvScriptFailed, match=r"node \d .*cannot source /nonexistent/unified-env.sh: no such file"):
+        run(_spec(tmp_path, "deepep.launcher=direct", "deepep.env_script=/nonexistent/unified-env.sh"))

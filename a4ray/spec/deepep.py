@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveInt, field_validator
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 
 from a4ray.spec.base import EnvVars, Spec
 from a4ray.spec.job import JobSpec, job_kind
@@ -44,5 +44,6 @@ class DeepEPSpec(Spec):
 @job_kind
 class DeepEPJob(JobSpec):
     kind: Literal["deepep_test"] = "deepep_test"
+    timeout_s: PositiveFloat | None = Field(1800, description="per launch: a broken fabric often hangs NCCL")
     deepep: DeepEPSpec = DeepEPSpec()
     mpi: MpiSpec = MpiSpec()

@@ -105,5 +105,6 @@ class NcclTestSpec(Spec):
 @job_kind
 class NcclTestJob(JobSpec):
     kind: Literal["nccl_test"] = "nccl_test"
+    timeout_s: PositiveFloat | None = Field(1800, description="per launch: a broken fabric often hangs NCCL")
     nccl: NcclTestSpec = NcclTestSpec()
     mpi: MpiSpec = MpiSpec()

@@ -83,7 +83,8 @@ class Bench:
         """(out-of-place op, in-place op, check) for `count` elements in all; the check fills known data,
         runs the out-of-place op (else the in-place one) once, and returns the wrong count."""
         n, r, chunk = self.n, self.rank, count // self.n
-        new = lambda k: torch.empty(k, dtype=self.dtype, device=self.device)  # noqa: E731
+        # Zeroed, not empty: garbage may hold NaNs or denormals, which slow CPU reductions down.
+        new = lambda k: torch.zeros(k, dtype=self.dtype, device=self.device)  # noqa: E731
         chunks = torch.arange(n, device=self.device, dtype=torch.float32)[:, None]  # chunk index j
         if collective == "all_reduce":
             buf = new(count)
@@ -174,19 +175,20 @@ def run_collective(bench: Bench, collective: str, args: argparse.Namespace, devi
         say(f"{nbytes:>12d}  {count:>12d}  {dtype_name:>8s}  {REDOP[collective]:>6s}  {-1:>6d}  "
             f"{_timing(t_oop, nbytes, factor, mark)}  {_timing(t_ip, nbytes, factor, mark)}", flush=True)
         del oop, inplace, check
+        if bench.device.type == "cuda":
+            torch.cuda.empty_cache()  # sizes double: cached smaller blocks would only fragment the next
     say(f"# Out of bounds values : {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}")
     say(f"# Avg bus bandwidth    : {sum(busbws) / max(1, len(busbws)):.4f} ")
     say("#")
     say(f"# Collective test concluded: {binary}\n", flush=True)
-    if bench.device.type == "cuda":
-        torch.cuda.empty_cache()
     return total_wrong
 
 
 def _device_line(rank: int, device: torch.device) -> str:
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
-        bus = f"[{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}]"
+        ids = [getattr(p, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]  # torch >= 2.6
+        bus = f"[{ids[0]:04x}:{ids[1]:02x}:{ids[2]:02x}]" if None not in ids else "[?]"
         return (f"#  Rank {rank:2d} Group  0 Pid {os.getpid():6d} on {socket.gethostname():>10s} device "
                 f"{device.index:2d} {bus} {p.name}")
     return f"#  Rank {rank:2d} Group  0 Pid {os.getpid():6d} on {socket.gethostname():>10s} device  0 [cpu] CPU (gloo)"

@@ -203,7 +203,7 @@ class NcclTest(Workload[NcclTestJob]):
         gang_result = None
         batches = ([[c] for c in self.spec.nccl.collectives] if self.implementation == "nccl-tests"
                    else [list(self.spec.nccl.collectives)])
-        for batch in batches:
+        for i, batch in enumerate(batches):
             lines.table, lines.info = [], []
             gang_result = run_launch(gang, self._builder(batch), timeout_s=self.spec.timeout_s, env_name=self.kind)
             info += lines.info
@@ -211,6 +211,9 @@ class NcclTest(Workload[NcclTestJob]):
                 runs[run.collective] = run
             if not gang_result.ok:
                 failures.update({c: (gang_result.failure or "the launch failed").splitlines()[0] for c in batch})
+                # A broken fabric fails (or hangs until the timeout) every collective alike.
+                failures.update({c: f"not run: {batch[0]} failed first" for later in batches[i + 1:] for c in later})
+                break
         gang.observers.remove(lines)
         result = self.judge(gang, runs, failures, nccl_debug.parse(info), gang_result)
         if self.spec.nccl.isolate and not result.ok:
