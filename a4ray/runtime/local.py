@@ -120,12 +120,17 @@ class SimulatedCluster:
         return node
 
     def _separate_host_env(self, index: int) -> dict[str, str]:
-        """What makes simulated nodes as separate as machines where it matters. OpenMPI names its
-        shared-memory segments by hostname and node-local rank; simulated nodes share one hostname and
-        /dev/shm, so ranks of two of them would map each other's segments (and crash). So their ranks
-        talk TCP, as ranks on separate machines do (mpirun forwards OMPI_MCA_* to every rank, so the
-        value must be the same on every node)."""
-        return {"OMPI_MCA_btl": "^vader"}
+        """What makes simulated nodes as separate as machines where it matters, for OpenMPI (mpirun
+        forwards OMPI_MCA_* to every rank, so these are the same on every node). OpenMPI keys its
+        per-host files by hostname: simulated nodes share one hostname, /dev/shm and /tmp, so
+        - ranks of two nodes would map each other's shared-memory segments (named by node-local rank)
+          and crash: their ranks talk TCP instead, as ranks on separate machines do, over loopback,
+          which every simulated node shares (OpenMPI skips loopback by default, and a CI container
+          may have no other interface);
+        - every node's daemon would write the same hwloc topology file (hwloc.sm) at once, which now
+          and then crashes one: the daemons do not share their topology through a file."""
+        return {"OMPI_MCA_btl": "^vader", "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo",
+                "OMPI_MCA_rtc_hwloc_vmhole": "none"}
 
     def remove_node(self, index: int) -> None:
         """Kill simulated node `index` abruptly, as a lost A4 node would be."""
