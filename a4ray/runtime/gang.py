@@ -16,6 +16,7 @@ Lifecycle (one owner, as in Ray Train's worker group):
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
@@ -187,6 +188,15 @@ class Gang:
             launch_id=launch_id or self.launch_id, peers=peers, ray_address=ctx.gcs_address,
             namespace=ctx.namespace or "",
         )
+
+    @contextlib.contextmanager
+    def observing(self, observer: LineObserver):
+        """Feed every streamed line to `observer` (launch rank, line) while the block runs."""
+        self.observers.append(observer)
+        try:
+            yield observer
+        finally:
+            self.observers.remove(observer)
 
     def executables(self, names: list[str]) -> list[dict[str, str | None]]:
         """`names` resolved on every node (absolute paths checked, others looked up on PATH), in rank order."""

@@ -243,7 +243,10 @@ class NodeActor:
         return LaunchInfo(env_report=report, log_file=str(node_log), pid=self._process.pid or -1)
 
     def _reset(self, request: LaunchRequest) -> None:
-        """Forget the previous launch (its logs stay on disk)."""
+        """Forget the previous launch (its logs stay on disk); an exec'd command still running ends now."""
+        for leftover in self._execs.values():
+            if leftover.process.running:
+                leftover.process.terminate(request.grace_s)
         self._close_logs()
         self._request = request
         self._output = _Output(_BUFFER_LINES)

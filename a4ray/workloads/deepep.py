@@ -17,7 +17,6 @@ from a4ray.errors import SpecError
 from a4ray.mpi.launch import mpi_launch
 from a4ray.parsers import deepep
 from a4ray.runtime.gang import Gang, Launch, NodeContext
-from a4ray.runtime.node_actor import Line
 from a4ray.spec.deepep import DeepEPJob
 from a4ray.workloads.base import Workload, WorkloadResult, run_launch, workload
 
@@ -99,15 +98,8 @@ class DeepEPTest(Workload[DeepEPJob]):
 
     def execute(self, gang: Gang) -> DeepEPResult:
         lines: list[tuple[int, str]] = []
-
-        def collect(rank: int, line: Line) -> None:
-            lines.append((rank, line.text))
-
-        gang.observers.append(collect)
-        try:
+        with gang.observing(lambda rank, line: lines.append((rank, line.text))):
             gang_result = run_launch(gang, self.launch, timeout_s=self.spec.timeout_s, env_name=self.kind)
-        finally:
-            gang.observers.remove(collect)
         c = self.spec.cluster
         reports = [r for r in deepep.parse(lines) if r.cases or r.best]
         missing = sorted(set(range(c.nodes)) - {r.node for r in reports})

@@ -195,8 +195,6 @@ class NcclTest(Workload[NcclTestJob]):
     def execute(self, gang: Gang) -> NcclTestResult:
         gang.start()
         self.implementation = self.choose_implementation(gang)
-        lines = _Lines()
-        gang.observers.append(lines)
         runs: dict[str, PerfRun] = {}
         failures: dict[str, str] = {}
         info: list[str] = []
@@ -204,8 +202,9 @@ class NcclTest(Workload[NcclTestJob]):
         batches = ([[c] for c in self.spec.nccl.collectives] if self.implementation == "nccl-tests"
                    else [list(self.spec.nccl.collectives)])
         for i, batch in enumerate(batches):
-            lines.table, lines.info = [], []
-            gang_result = run_launch(gang, self._builder(batch), timeout_s=self.spec.timeout_s, env_name=self.kind)
+            with gang.observing(_Lines()) as lines:
+                gang_result = run_launch(gang, self._builder(batch), timeout_s=self.spec.timeout_s,
+                                         env_name=self.kind)
             info += lines.info
             for run in nccl_tests.parse(lines.table, binary=f"{batch[0]}_perf"):
                 runs[run.collective] = run
@@ -214,7 +213,6 @@ class NcclTest(Workload[NcclTestJob]):
                 # A broken fabric fails (or hangs until the timeout) every collective alike.
                 failures.update({c: f"not run: {batch[0]} failed first" for later in batches[i + 1:] for c in later})
                 break
-        gang.observers.remove(lines)
         result = self.judge(gang, runs, failures, nccl_debug.parse(info), gang_result)
         if self.spec.nccl.isolate and not result.ok:
             result.isolation = self.isolate(gang, result)
@@ -246,7 +244,7 @@ class NcclTest(Workload[NcclTestJob]):
             largest = run.largest if run else None
             threshold = self.spec.nccl.threshold(name, nodes) if applied else None
             if run is None or largest is None:
-                problems.append("no results in the output")
+                problems = problems or ["no results in the output"]
             else:
                 if run.wrong:
                     problems.append(f"{run.wrong} wrong elements")
@@ -302,15 +300,11 @@ class NcclTest(Workload[NcclTestJob]):
             + (f" ({format_size(n.cpu_max_bytes)} where it runs on CPU)" if self.implementation == "torch" else ""))
 
         def test(members: list[int]) -> PairResult:
-            lines = _Lines()
-            gang.observers.append(lines)
-            try:
-                label = "-".join(f"n{m}" for m in members)
+            label = "-".join(f"n{m}" for m in members)
+            with gang.observing(_Lines()) as lines:
                 gr = run_launch(gang, self._builder([name], (size, size)), nodes=members,
                                 timeout_s=self.spec.timeout_s, env_name=self.kind,
                                 log_dir=f"{gang.log_dir}/isolate/{label}")
-            finally:
-                gang.observers.remove(lines)
             run = next(iter(nccl_tests.parse(lines.table, binary=f"{name}_perf")), None)
             largest = run.largest if run else None
             problem = None if gr.ok else (gr.failure or "failed").splitlines()[0]
