@@ -5,7 +5,6 @@ rendezvous at MASTER_ADDR as RANK x processes + local rank, so a wrong rank orde
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,10 +24,7 @@ def _spec(tmp_path, *sets):
                workspace=tmp_path)
 
 
-@pytest.mark.parametrize("launcher", [
-    pytest.param("mpi", marks=pytest.mark.skipif(not shutil.which("mpirun"), reason="needs OpenMPI")),
-    "direct",
-])
+@pytest.mark.parametrize("launcher", ["mpi", "direct"])
 def test_deepep_internode_launch(local_cluster, tmp_path, launcher):
     result = run(_spec(tmp_path, f"deepep.launcher={launcher}"))
     assert result.ok, result.verdict

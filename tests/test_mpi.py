@@ -1,11 +1,11 @@
 """MPI through Ray, without SSH: real OpenMPI `mpirun` on node 0 of a gang of simulated nodes (each its
 own loopback address, so OpenMPI treats them as separate hosts) starts its daemons on the other nodes
-through a4ray's rsh agent and their node actors; real mpi4py ranks run under them."""
+through a4ray's rsh agent and their node actors; real mpi4py ranks run under them. OpenMPI comes from
+Debian's openmpi-bin (`make system-deps`); without it these tests fail, as they should in CI."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -22,7 +22,6 @@ from a4ray.runtime.process import LAUNCH_ID_VAR
 from tests.conftest import SESSION_GPUS, SESSION_NODES, job
 
 PROGRAM = str(Path(__file__).parent / "programs" / "mpi_ranks.py")
-pytestmark = pytest.mark.skipif(not __import__("shutil").which("mpirun"), reason="needs OpenMPI (make system-deps)")
 
 
 def _spec(tmp_path):

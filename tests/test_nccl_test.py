@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -33,7 +32,8 @@ def test_cli_rehearsal_over_gloo_reports_every_collective(local_cluster, tmp_pat
     result = json.loads(out.read_text())
     assert (result["ok"], result["implementation"], result["backend"]) == (True, "torch", "gloo")
     assert not result["thresholds_applied"] and "simulated nodes" in result["thresholds_note"]
-    assert [c["collective"] for c in result["collectives"]] == ["all_reduce", "all_gather", "reduce_scatter", "alltoall"]
+    names = [c["collective"] for c in result["collectives"]]
+    assert names == ["all_reduce", "all_gather", "reduce_scatter", "alltoall"]
     for c in result["collectives"]:
         rows = c["run"]["rows"]
         assert [r["size"] for r in rows] == [2**20, 2**21, 2**22]
@@ -58,11 +58,11 @@ def _standin_binaries(tmp_path: Path) -> Path:
     return bindir
 
 
-@pytest.mark.skipif(not shutil.which("mpirun"), reason="needs OpenMPI (make system-deps)")
 def test_nccl_tests_path_runs_through_mpirun_on_every_gpu(local_cluster, tmp_path):
-    spec = job("nccl_test", "cluster.nodes=3", "cluster.gpus_per_node=2", f"nccl.binaries_dir={_standin_binaries(tmp_path)}",
-               "nccl.collectives=[all_reduce]", "nccl.min_bytes=64K", "nccl.max_bytes=1M", "nccl.factor=4",
-               "nccl.iters=3", "nccl.warmup=1", workspace=tmp_path)
+    spec = job("nccl_test", "cluster.nodes=3", "cluster.gpus_per_node=2",
+               f"nccl.binaries_dir={_standin_binaries(tmp_path)}", "nccl.collectives=[all_reduce]",
+               "nccl.min_bytes=64K", "nccl.max_bytes=1M", "nccl.factor=4", "nccl.iters=3", "nccl.warmup=1",
+               workspace=tmp_path)
     result = run(spec)
     assert result.ok, result.verdict
     assert result.implementation == "nccl-tests"

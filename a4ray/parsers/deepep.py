@@ -4,7 +4,8 @@ Local rank 0 of every node prints: `[config] ...`, `[layout] Kernel performance:
 correctness case `[testing] Running with BF16, with top-k (async=.., previous=..) ... passed` (the
 number of cases changed between versions; " passed" is printed on the same line), tuning lines, and
 the best configurations, in either format:
-  v1.2.1: `[tuning] Best dispatch (FP8): SMs 24, NVL chunk 4, RDMA chunk 8, transmit: 1.2 us, notify: 0.3 us, BW: 45.1 GB/s (RDMA), 147.2 GB/s (NVL)`
+  v1.2.1: `[tuning] Best dispatch (FP8): SMs 24, NVL chunk 4, RDMA chunk 8, transmit: 1.2 us, notify: 0.3 us,
+           BW: 45.1 GB/s (RDMA), 147.2 GB/s (NVL)` (one line)
   later:  `[tuning] Best dispatch (FP8): SMs 24, NVL chunk 4, RDMA chunk 8: 45.10 GB/s (RDMA), 147.20 GB/s (NVL)`
   and `[tuning] Best combine: SMs 24, NVL chunk 1, RDMA chunk 16, ... GB/s (RDMA), ... GB/s (NVL)`.
 Through mpirun with `--tag-output`, every chunk a rank writes is tagged `[job,rank]<stdout>:`, so a

@@ -18,7 +18,8 @@ _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _CONCLUDED = re.compile(r"^#\s*Collective test concluded:\s*(\S+)")
 _VERSION = re.compile(r"^#\s*nccl-tests version\s+(\S+)")
 _HEADER = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)")
-_DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+(\[[^\]]*\])\s*(.*)$")
+_DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+(\d+)\s+on\s+(\S+)\s+"
+                     r"device\s+(\d+)\s+(\[[^\]]*\])\s*(.*)$")
 _OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s*(\w+)?")
 _AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([-\d.eE+]+)\s*(\w+)?")
 # a4ray's torch benchmark says which torch.distributed backend it measured.

@@ -326,7 +326,8 @@ class NodeActor:
     # ------------------------------------------------------------------ supervision
     def poll(self, cursor: int, wait_s: float = 1.0) -> Poll:
         """The launch's lines after `cursor` (see `_Output.poll`). A standby never ends by itself."""
-        return self._output.poll(cursor, wait_s, self._live, lambda: self._process.returncode if self._process else None)
+        exit_code = lambda: self._process.returncode if self._process else None  # noqa: E731
+        return self._output.poll(cursor, wait_s, self._live, exit_code)
 
     def _running(self) -> bool:
         return self._process is not None and self._process.running

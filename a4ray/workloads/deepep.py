@@ -10,7 +10,6 @@ node 0 with one rank per node (the seeds' way) or by each node actor directly.
 
 from __future__ import annotations
 
-from pydantic import BaseModel
 
 from a4ray.console import table, warn
 from a4ray.errors import SpecError
