@@ -194,6 +194,16 @@ def _device_line(rank: int, device: torch.device) -> str:
     return f"#  Rank {rank:2d} Group  0 Pid {os.getpid():6d} on {socket.gethostname():>10s} device  0 [cpu] CPU (gloo)"
 
 
+def _gather_lines(line: str, device: torch.device, width: int = 256) -> list[str]:
+    """Every rank's `line`, in rank order (all_gather_object would need numpy, which torch does not)."""
+    raw = line.encode()[:width]
+    mine = torch.zeros(width, dtype=torch.uint8, device=device)
+    mine[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    every = torch.empty(width * dist.get_world_size(), dtype=torch.uint8, device=device)
+    _all_gather(every, mine)
+    return [bytes(row.tolist()).rstrip(b"\0").decode(errors="replace") for row in every.view(-1, width).cpu()]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m a4ray.workloads.collectives", description=__doc__.split("\n")[0])
     p.add_argument("--collectives", default="all_reduce",
@@ -226,9 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     if backend == "gloo":
         args.min_bytes = args.cpu_min_bytes or args.min_bytes
         args.max_bytes = max(args.min_bytes, args.cpu_max_bytes or args.max_bytes)
-    rank = dist.get_rank()
-    devices: list[str] = [""] * dist.get_world_size()
-    dist.all_gather_object(devices, _device_line(rank, device))
+    devices = _gather_lines(_device_line(dist.get_rank(), device), device)
     bench = Bench(backend, DTYPES[args.dtype], device)
     wrong = sum(run_collective(bench, c, args, devices) for c in collectives)
     dist.barrier()

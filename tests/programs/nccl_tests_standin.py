@@ -7,8 +7,8 @@ import argparse
 import os
 import sys
 import time
+from array import array
 
-import numpy as np
 from mpi4py import MPI
 
 from a4ray.spec.nccl import parse_size
@@ -39,7 +39,7 @@ if rank == 0:
     say("#\n#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong")
 size, total = lo, []
 while size <= hi:
-    send, recv = np.full(size // 4, rank + 1, np.float32), np.empty(size // 4, np.float32)
+    send, recv = array("f", [rank + 1]) * (size // 4), array("f", [0]) * (size // 4)
     cells = []
     for placement in ("out", "in"):
         buf = recv if placement == "out" else send
@@ -50,10 +50,10 @@ while size <= hi:
         for _ in range(iters):
             comm.Allreduce(send if placement == "out" else MPI.IN_PLACE, buf)
         t = comm.allreduce((time.perf_counter() - t0) / iters) / n
-        send.fill(rank + 1)
+        send = array("f", [rank + 1]) * (size // 4)
         comm.Allreduce(MPI.IN_PLACE, send)
-        wrong = comm.allreduce(int((send != n * (n + 1) / 2).sum()))
-        send.fill(rank + 1)
+        wrong = comm.allreduce(sum(v != n * (n + 1) / 2 for v in send))
+        send = array("f", [rank + 1]) * (size // 4)
         algbw = size / t / 1e9
         total.append(algbw * 2 * (n - 1) / n)
         cells.append(f"{t * 1e6:8.2f} {algbw:7.2f} {algbw * 2 * (n - 1) / n:7.2f} {wrong:7d}")
