@@ -90,7 +90,6 @@ def test_rank_order_and_master_follow_topology_labels(local_cluster):
         assert hosts == ["sim-host-000", "sim-host-001", "sim-host-002"]
         assert gang.context(2).master_addr == nodes[0].ip
         assert gang.context(2).rank == 2 and gang.context(2).nnodes == 3
-        assert isinstance(gang.master_port, int) and 20000 <= gang.master_port < 32000
     finally:
         gang.close()
 

@@ -172,7 +172,6 @@ class NodeActor:
             labels={k: v for k, v in ctx.get_node_labels().items() if not k.startswith("ray.io/")},
             gpu_ids=[str(g) for g in ray.get_gpu_ids()],
             python=sys.executable,
-            cwd=os.getcwd(),
         )
 
     def free_port(self, low: int = 20000, high: int = 32000) -> int:

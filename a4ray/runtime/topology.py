@@ -23,7 +23,6 @@ class NodeFacts(BaseModel):
     labels: dict[str, str] = {}
     gpu_ids: list[str] = []
     python: str = "python3"
-    cwd: str = ""
 
     def location(self, topology: TopologySpec) -> tuple[str, str, str]:
         return tuple(self.labels.get(k, "") for k in topology.label_keys)  # type: ignore[return-value]
