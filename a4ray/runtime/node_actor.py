@@ -226,7 +226,8 @@ class NodeActor:
             "PYTHONPATH": _with_a4ray_on_path(so_far.get("PYTHONPATH")),
         }
         if request.flight_recorder:  # defaults only: what the image or user sets wins
-            a4ray_vars.update({k: v for k, v in _flight_recorder_env(request).items() if k not in so_far})
+            a4ray_vars.update({k: v for k, v in _flight_recorder_env(request).items()
+                               if k not in so_far and _FR_OLD_NAMES.get(k) not in so_far})
         layers.append(EnvLayer("a4ray", a4ray_vars))
         layers += [EnvLayer(workload_env_name, request.env), EnvLayer("user", request.network.env)]
         launch_env = build_env(base, layers)
@@ -458,9 +459,15 @@ def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
     """PyTorch's NCCL flight recorder: kept on, dumped on an NCCL timeout or when its pipe is written."""
     pipes = Path("/tmp") / f"a4ray-fr-{request.launch_id}"  # named pipes need a local filesystem
     pipes.mkdir(parents=True, exist_ok=True)
+    # TORCH_FR_* are PyTorch >= 2.7's names (the TORCH_NCCL_* ones they replace still work there).
     return {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_FR_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{request.log_dir}/flight-recorder/nccl_trace_rank_",
+        "TORCH_FR_DUMP_TEMP_FILE": f"{request.log_dir}/flight-recorder/nccl_trace_rank_",
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{pipes}/pipe_",
     }
+
+
+# A variable set under either name is the user's choice.
+_FR_OLD_NAMES = {"TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",
+                 "TORCH_FR_DUMP_TEMP_FILE": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}

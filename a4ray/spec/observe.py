@@ -39,7 +39,7 @@ class WatchdogSpec(Spec):
     no_output_s: PositiveFloat | None = Field(None, description="max time with no output from any node")
     py_spy: bool = Field(True, description="dump the Python stacks of every rank on a hang")
     flight_recorder: bool = Field(
-        True, description="keep PyTorch's NCCL flight recorder on (TORCH_NCCL_TRACE_BUFFER_SIZE) and dump it on a hang")
+        True, description="keep PyTorch's NCCL flight recorder on (TORCH_FR_BUFFER_SIZE) and dump it on a hang")
 
 
 class RestartSpec(Spec):
