@@ -6,6 +6,7 @@ The `python -m a4ray.<workload>` modules, the `a4ray` CLI and the notebook API a
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from a4ray.console import say
 from a4ray.errors import Cancelled, GangFailed
@@ -39,15 +40,17 @@ def run(spec: JobSpec, *, address: str | None = None, local_nodes: int | None = 
         say(f"run directory: {run_dir.root}")
         run_dir.write("spec.yaml", spec.to_yaml())
         run_dir.write("plan.json", work.plan())
-        gang_result = _run_attempts(spec, work, run_dir)
+        gang_result = run_attempts(spec, work, run_dir)
         result = work.result(gang_result)
         run_dir.write("result.json", result)
         say(f"logs: {run_dir.logs} (one file per node and per rank)")
     return result
 
 
-def _run_attempts(spec: JobSpec, work: Workload, run_dir: RunDir) -> GangResult:
-    """Launch, and relaunch on a fresh gang (a lost node replaced by a free one) while the policy allows."""
+def run_attempts(spec: JobSpec, work: Workload, run_dir: RunDir, *, log_dir: Path | None = None) -> GangResult:
+    """Launch, and relaunch on a fresh gang (a lost node replaced by a free one) while the policy allows.
+
+    Also a pipeline's train step (its logs under `log_dir`, default the run directory's `logs/`)."""
     deadline = time.monotonic() + spec.timeout_s if spec.timeout_s else None
     attempt = 0
     while True:
@@ -56,7 +59,7 @@ def _run_attempts(spec: JobSpec, work: Workload, run_dir: RunDir) -> GangResult:
             say(f"attempt {attempt}/{spec.restart.max_restarts}: relaunching on a new gang"
                 + (f"; {work.resume_note()}" if work.resume_note() else ""))
         remaining = None if deadline is None else max(1.0, deadline - time.monotonic())
-        with Gang(spec, log_dir=str(run_dir.logs), run_dir=str(run_dir.root), attempt=attempt) as gang, \
+        with Gang(spec, log_dir=str(log_dir or run_dir.logs), run_dir=str(run_dir.root), attempt=attempt) as gang, \
                 sigterm_as_interrupt():
             try:
                 return gang.run(work.launch, timeout_s=remaining, env_name=spec.kind)

@@ -7,9 +7,10 @@ from a4ray.spec.ddp import DDPTestJob, DDPTestSpec
 from a4ray.spec.job import JOB_KINDS, ClusterJob, JobSpec, job_kind
 from a4ray.spec.kuberay import KubeRaySpec
 from a4ray.spec.loader import load_job, parse_sets
+from a4ray.spec.recipes import Qwen3Job, Qwen3NextJob, RecipeJob, SwiftDPOJob
 
 __all__ = [
     "JOB_KINDS", "ArtifactSpec", "ClusterJob", "ClusterSpec", "CommandJob", "CommandSpec", "DDPTestJob", "DDPTestSpec",
-    "JobSpec", "KubeRaySpec", "NetworkSpec", "StageJob", "Staged", "StagingOptions", "StorageSpec", "TopologySpec",
-    "job_kind", "load_job", "parse_sets",
+    "JobSpec", "KubeRaySpec", "NetworkSpec", "Qwen3Job", "Qwen3NextJob", "RecipeJob", "StageJob", "Staged",
+    "StagingOptions", "StorageSpec", "SwiftDPOJob", "TopologySpec", "job_kind", "load_job", "parse_sets",
 ]
