@@ -133,3 +133,60 @@ def test_skipping_stage_in_an_empty_workspace_names_every_missing_artifact(tmp_p
                  f"artifact sft-alpaca (staged to datasets/alpaca) ({ws}/datasets/alpaca)"):
         assert what in detail
     assert Path(result["run_dir"], "result.json").is_file()
+
+
+PAI_STUB = """#!/bin/bash
+# Stands in for Pai's run_mcore_qwen3.sh: reports what it was given, as the real one would read it.
+set -e
+echo "A4RAY_RESULT {\\"argc\\": $#, \\"env\\": \\"$1\\", \\"seq\\": \\"$7\\", \\"load\\": \\"${24}\\", \\"out\\": \\"${27}\\", \\
+\\"world\\": \\"$WORLD_SIZE\\", \\"rank\\": \\"$RANK\\", \\"gpus\\": \\"$KUBERNETES_CONTAINER_RESOURCE_GPU\\", \\
+\\"master\\": \\"$MASTER_ADDR:$MASTER_PORT\\", \\"cwd\\": \\"$(pwd)\\", \\"type\\": \\"$MP_DATASET_TYPE\\"}"
+echo " [2026-11-21 12:00:00] iteration        2/       2 | consumed samples: 4 | lm loss: 4.500000E+00 |"
+"""
+
+
+def test_pai_launch_on_the_nodes_gets_its_arguments_and_the_dlc_contract(tmp_path, local_cluster, monkeypatch):
+    """The train step with trainer pai on 2 simulated nodes, Pai's script replaced by a stub that reports what
+    it received: 27 arguments, WORLD_SIZE = nodes and RANK = node rank (not Ray's or torchrun's), its cwd;
+    and a model that is not the size the script hard-codes is refused before any launch."""
+    ws, ckpt = tmp_path / "ws", tmp_path / "ws" / "mcore" / "latest"
+    script = ws / "Pai-Megatron-Patch" / "examples" / "qwen3_next" / "run_mcore_qwen3.sh"
+    script.parent.mkdir(parents=True)
+    script.write_text(PAI_STUB)
+    ckpt.mkdir(parents=True)
+    for name in ("latest_checkpointed_iteration.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+                 "merges.txt"):
+        (ckpt / name).write_text("release" if name.startswith("latest") else "{}")
+    data = ws / "datasets" / "qwen-mmap" / "mmap_qwen3_datasets_text_document"
+    data.parent.mkdir(parents=True)
+    for ext in ("bin", "idx"):
+        Path(f"{data}.{ext}").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    common = ["--skip", "stage,convert,preflight", "--local-nodes", "2", "--gpus-per-node", "1",
+              "--set", f"storage.local_workspace={ws}", "--set", "artifacts=[]", "--set", "train.pai.parallel.ep=1",
+              "--set", "train.iterations=2", "--set", "train.warmup_iterations=1", "--set", "convert.output=mcore"]
+    assert pipeline_main("qwen3_next", [*common, "--set", "train.model=no-hf-checkpoint", "--result", "r.json"]) == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert [s["status"] for s in result["steps"]] == ["skipped", "skipped", "skipped", "ran"]
+    train = result["steps"][3]
+    assert train["detail"].startswith("PASS: Pai trained 2 iterations, lm loss 4.5; checkpoints in ")
+    records = [json.loads(line.split("A4RAY_RESULT ", 1)[1]) for node in (0, 1) for line in
+               (Path(result["run_dir"]) / "logs" / "train" / f"node-{node:02d}.log").read_text().splitlines()
+               if line.startswith("A4RAY_RESULT ")]
+    assert [(r["world"], r["rank"], r["gpus"]) for r in records] == [("2", "0", "1"), ("2", "1", "1")]
+    assert {r["argc"] for r in records} == {27} and {r["env"] for r in records} == {"dlc"}
+    assert {r["cwd"] for r in records} == {str(script.parent)} and {r["load"] for r in records} == {str(ckpt)}
+    assert records[0]["master"] == records[1]["master"] and records[0]["type"] == "idxmap"
+    assert {r["out"] for r in records} == {f"{ws}/logs/output_pai_qwen3_next_pretrain"}
+
+    # The tiny stand-in as train.model: its config is not Pai's A3B, refused with the field named.
+    hf = ws / "ckpts" / "huggingface" / "tiny"
+    hf.mkdir(parents=True)
+    (hf / "config.json").write_text(json.dumps({"architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 4,
+                                                "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                "num_experts": 8}))
+    assert pipeline_main("qwen3_next", [*common, "--set", "train.model=ckpts/huggingface/tiny", "--result",
+                                        "r2.json"]) == 1
+    refused = json.loads((tmp_path / "r2.json").read_text())["steps"][3]
+    assert refused["status"] == "failed" and "train.model: " in refused["detail"]
+    assert "layers 4 (the script's A3B: 48)" in refused["detail"] and "architecture" not in refused["detail"]

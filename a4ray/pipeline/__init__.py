@@ -151,7 +151,8 @@ def _run_step(step: Step, ctx: Context) -> StepResult:
                     raise A4RayError(f"step {step.name} is skipped ({skip}), but its outputs are missing: "
                                      + "; ".join(lost), hint=f"run the {step.name} step (drop {skip})")
                 step.adopt(ctx)
-                detail += f"; its outputs are there ({len(step.outputs(ctx.workspace))} checked)"
+                if step.outputs(ctx.workspace):
+                    detail += f"; its outputs are there ({len(step.outputs(ctx.workspace))} checked)"
             say(f"step {step.name}: skipped: {detail}")
             return StepResult(name=step.name, status="skipped", seconds=time.monotonic() - t0, runs=step.runs(),
                               detail=detail)
