@@ -239,3 +239,17 @@ def test_a4ray_run_and_stage_take_recipe_specs(capsys):
     assert "4 artifact(s)" in capsys.readouterr().out
     assert main(["stage", "-f", str(REPO / "jobs" / "ddp_test.yaml"), "--dry-run"]) == 2
     assert "a 'ddp_test' job stages nothing" in capsys.readouterr().err
+
+
+def test_without_a_cluster_the_local_profile_is_used_or_the_gap_is_named(monkeypatch, capsys):
+    import a4ray.runtime.connect
+
+    monkeypatch.setattr(a4ray.runtime.connect, "will_embed", lambda address=None: True)
+    assert pipeline_main("swift_dpo", []) == 2  # ms-swift DPO has no local trainer to rehearse with
+    err = capsys.readouterr().err
+    assert "swift_dpo has no local rehearsal profile" in err and "--dry-run" in err
+    for kind in ("qwen3_next", "qwen3"):  # their profiles: the built-in trainer on 2 simulated nodes
+        spec = load_job(REPO / "jobs" / f"{kind}_local.yaml")
+        assert spec.kind == kind and spec.train.trainer == "torch" and spec.cluster.nodes == 2 and spec.standins
+        assert {a.source.split("/")[1] for a in spec.artifacts} == {"standins"}
+        assert "skipped: the built-in trainer trains from the Hugging Face checkpoint" in plan(spec)

@@ -53,10 +53,15 @@ def pipeline_main(kind: str, argv: list[str] | None = None, *, description: str 
     config, rehearsal = args.config, False
     if config is None and not args.dry_run and will_embed(args.address):
         config, rehearsal = local_profile(kind), True
-        if config:
-            say(f"no Ray cluster to join (no --address, RAY_ADDRESS or local cluster): rehearsing on an embedded "
-                f"local cluster with the local profile {_shown(config)}; on A4: `ray job submit -- python -m "
-                f"a4ray.{kind}` (the recipe's defaults)")
+        if config is None:
+            print(f"a4ray: error: no Ray cluster to join (no --address, RAY_ADDRESS or local cluster) and {kind} has "
+                  f"no local rehearsal profile ({_shown(JOBS_DIR / f'{kind}_local.yaml')})\n  hint: run it on a "
+                  f"cluster (`ray job submit -- python -m a4ray.{kind}`), see its plan with --dry-run, or pass "
+                  "--config FILE", file=sys.stderr, flush=True)
+            return 2
+        say(f"no Ray cluster to join (no --address, RAY_ADDRESS or local cluster): rehearsing on an embedded "
+            f"local cluster with the local profile {_shown(config)}; on A4: `ray job submit -- python -m "
+            f"a4ray.{kind}` (the recipe's defaults)")
     try:
         spec = load_job(config, shorthand_sets(args) + _pipeline_sets(args), kind=kind)
         if args.dry_run:
