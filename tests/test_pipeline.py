@@ -4,7 +4,7 @@ One run in its own embedded cluster of 2 simulated nodes: stand-ins staged with 
 convert skipped with its reason, the doctor, and the built-in trainer over gloo, with one trainer rank
 killed after its first checkpoint: the restart policy relaunches the gang and training resumes from that
 checkpoint, the loss falls, and the A4 plan is printed. Then, on the session cluster, the same spec again:
-stage and train are cached; and `--skip` of steps whose outputs are missing fails naming them.
+stage and train are cached; and `--skip` of a step whose outputs are missing fails naming them.
 """
 
 from __future__ import annotations
@@ -98,18 +98,19 @@ def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_clu
 
     # Again, on the session cluster: every step is current.
     monkeypatch.chdir(tmp_path)
-    assert pipeline_main("qwen3_next", ["--config", PROFILE, "--result", "r2.json"]) == 0
+    assert pipeline_main("qwen3_next", ["--config", PROFILE, "--skip", "preflight", "--result", "r2.json"]) == 0
     again = json.loads((tmp_path / "r2.json").read_text())
-    assert [s["status"] for s in again["steps"]] == ["cached", "skipped", "ran", "cached"]
+    assert [s["status"] for s in again["steps"]] == ["cached", "skipped", "skipped", "cached"]
     assert "OK: 3 artifact(s) (3 cached)" in again["steps"][0]["detail"]
     assert again["steps"][3]["detail"].startswith("finished ")
 
     # --skip of a step whose outputs are missing: the pipeline stops there and names them.
     capsys.readouterr()
-    assert pipeline_main("qwen3_next", ["--config", PROFILE, "--skip", "convert", "--set", "train.trainer=pai",
+    assert pipeline_main("qwen3_next", ["--config", PROFILE, "--skip", "stage,convert", "--set", "train.trainer=pai",
                                         "--set", "train.pai.parallel.ep=1", "--result", "r3.json"]) == 1
     skipped = json.loads((tmp_path / "r3.json").read_text())
-    assert [s["status"] for s in skipped["steps"]] == ["cached", "failed", "not-run", "not-run"]
+    assert [s["status"] for s in skipped["steps"]] == ["skipped", "failed", "not-run", "not-run"]
+    assert skipped["steps"][0]["detail"] == "--skip stage; its outputs are there (5 checked)"
     latest = tmp_path / ".a4ray" / "ckpts" / "huggingface" / "Qwen3-Next-tiny-to-mcore" / "latest"
     assert skipped["steps"][1]["detail"] == (
         f"step convert is skipped (--skip convert), but its outputs are missing: the converted checkpoint "
@@ -138,7 +139,7 @@ def test_skipping_stage_in_an_empty_workspace_names_every_missing_artifact(tmp_p
 PAI_STUB = """#!/bin/bash
 # Stands in for Pai's run_mcore_qwen3.sh: reports what it was given, as the real one would read it.
 set -e
-echo "A4RAY_RESULT {\\"argc\\": $#, \\"env\\": \\"$1\\", \\"seq\\": \\"$7\\", \\"load\\": \\"${24}\\", \\"out\\": \\"${27}\\", \\
+echo "A4RAY_RESULT {\\"argc\\": $#, \\"env\\": \\"$1\\", \\"load\\": \\"${24}\\", \\"out\\": \\"${27}\\", \\
 \\"world\\": \\"$WORLD_SIZE\\", \\"rank\\": \\"$RANK\\", \\"gpus\\": \\"$KUBERNETES_CONTAINER_RESOURCE_GPU\\", \\
 \\"master\\": \\"$MASTER_ADDR:$MASTER_PORT\\", \\"cwd\\": \\"$(pwd)\\", \\"type\\": \\"$MP_DATASET_TYPE\\"}"
 echo " [2026-11-21 12:00:00] iteration        2/       2 | consumed samples: 4 | lm loss: 4.500000E+00 |"

@@ -79,7 +79,8 @@ def test_pai_sft_from_json_is_the_seeds_use_json_sft():
 
 def test_pai_qwen3_is_seed_002():
     _, p = launch_plan("qwen3")
-    assert p.nodes[0].argv[2:23] == "dlc A3B 1 8 1e-05 1e-06 128 128 bf16 4 2 1 1 4 true true true false sel false 100".split()
+    seed = "dlc A3B 1 8 1e-05 1e-06 128 128 bf16 4 2 1 1 4 true true true false sel false 100"
+    assert p.nodes[0].argv[2:23] == seed.split()
     assert p.nodes[0].argv[26:28] == [str(9 * 8 * 128), "0"]  # 9 iterations, like the seed's 10000 tokens
     assert p.nodes[0].cwd == f"{WS}/Pai-Megatron-Patch/examples/qwen3"
     for nodes in (1, 4):
@@ -155,12 +156,12 @@ def test_swift_3x_trains_from_mcore_with_the_seeds_flags(nodes):
         flags = dict(zip(argv[4::2], argv[5::2]))
         assert flags["--load"] == CKPT and "--model" not in flags
         assert flags["--save"] == f"{WS}/megatron_output/Qwen3-30B-A3B-Instruct-2507"
-        for flag, value in {"--packing": "true", "--tensor_model_parallel_size": "4", "--expert_tensor_parallel_size": "1",
-                            "--expert_model_parallel_size": "8", "--recompute_granularity": "full",
-                            "--max_epochs": "1", "--num_workers": "8", "--save_interval": "200",
-                            "--eval_interval": "200", "--optimizer_cpu_offload": "true", "--attention_backend": "flash",
-                            "--sequence_parallel": "true", "--beta": "0.1", "--loss_type": "sigmoid",
-                            "--dataset": "AI-ModelScope/orpo-dpo-mix-40k"}.items():
+        seed = {"--packing": "true", "--tensor_model_parallel_size": "4", "--expert_tensor_parallel_size": "1",
+                "--expert_model_parallel_size": "8", "--recompute_granularity": "full", "--max_epochs": "1",
+                "--num_workers": "8", "--save_interval": "200", "--eval_interval": "200",
+                "--optimizer_cpu_offload": "true", "--attention_backend": "flash", "--sequence_parallel": "true",
+                "--beta": "0.1", "--loss_type": "sigmoid", "--dataset": "AI-ModelScope/orpo-dpo-mix-40k"}
+        for flag, value in seed.items():
             assert flags[flag] == value, flag
         assert not {"--output_dir", "--num_train_epochs", "--save_steps", "--rpo_alpha"} & set(flags)
         assert node.env == {"NNODES": str(nodes), "NODE_RANK": str(rank), "NPROC_PER_NODE": "8",

@@ -69,9 +69,10 @@ def plan(spec: RecipeJob, workspace: str | None = None) -> str:
     """What `run(spec)` would do, from the spec alone (nothing runs, no cluster): for --dry-run."""
     check(spec)
     ws = workspace or spec.storage.workspace
+    where = "" if workspace else f" (on an embedded local cluster: {spec.storage.local_workspace})"
     c = spec.cluster
     lines = [f"pipeline {spec.name!r} ({spec.kind}): {' -> '.join(STEPS)} on {c.nodes} node(s) x "
-             f"{c.gpus_per_node} GPU(s) ({c.machine_type}); workspace {ws}"]
+             f"{c.gpus_per_node} GPU(s) ({c.machine_type}); workspace {ws}{where}"]
     for step in steps_of(spec):
         reason = _skip_reason(spec, step) or step.not_needed()
         lines.append(f"\n[{step.name}] " + (f"skipped: {reason}" if reason else step.runs()))

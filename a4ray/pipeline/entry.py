@@ -95,6 +95,7 @@ def _shown(path: Path) -> str:
 
 def a4_summary(kind: str, sets: list[str], result) -> str:
     """After a local rehearsal: the outputs, and what the same pipeline launches on A4 (the recipe's defaults)."""
+    from a4ray.pipeline import check
     from a4ray.pipeline.steps import Convert, Train, convert_job, train_workload
     from a4ray.spec import load_job
 
@@ -104,6 +105,7 @@ def a4_summary(kind: str, sets: list[str], result) -> str:
     lines.append(f"  logs: {result.run_dir}/logs/train (one file per node and per rank)")
     try:
         a4 = load_job(None, sets, kind=kind)
+        check(a4)
         note = f" with {' '.join('--set ' + s for s in sets)}" if sets else ""
     except A4RayError:
         a4, note = load_job(None, [], kind=kind), " (your --set values do not apply to A4; shown without them)"

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel
 
 from a4ray.console import say
-from a4ray.errors import A4RayError, SpecError, StepError
+from a4ray.errors import A4RayError, SpecError, StagingFailed, StepError
 from a4ray.pipeline import convert_adapter, nodefs
 from a4ray.rundir import RunDir
 from a4ray.spec.convert import ConvertJob
@@ -112,7 +112,11 @@ class Stage(Step):
             made = make_all(self.spec.standins)
             notes.append(f"stand-ins in {Path(self.spec.standins).resolve()} ({time.monotonic() - t0:.1f}s)")
             say(f"stage: {notes[0]}: {', '.join(made)}")
-        result = stage(self.spec, workspace=ctx.workspace)
+        try:
+            result = stage(self.spec, workspace=ctx.workspace)
+        except StagingFailed as failure:
+            print(failure.result.table(), flush=True)
+            raise
         print(result.table(), flush=True)
         cached = all(a.status == "cached" for a in result.artifacts)
         return StepResult(name=self.name, status="cached" if cached else "ran", detail="; ".join(
@@ -127,7 +131,7 @@ def convert_job(spec: RecipeJob) -> ConvertJob:
     """The conversion this recipe needs, as the `convert` job a4ray.convert runs."""
     c = spec.convert
     section = c.model_copy(update={"input": c.input or spec.model_dir, "output": spec.convert_output})
-    if spec.kind == "swift_dpo":  # one ms-swift in the image: the trainer's version converts too
+    if spec.train.trainer == "swift":  # one ms-swift in the image: the trainer's version converts too
         section = section.model_copy(update={"swift": c.swift.model_copy(update={"version": spec.train.version})})
     cluster = spec.cluster.model_copy(update={"nodes": 1}) if c.backend == "swift" else spec.cluster
     return ConvertJob(name=f"{spec.name[:31].rstrip('-')}-convert", cluster=cluster, network=spec.network,
