@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Literal
@@ -33,7 +34,7 @@ class StepResult(BaseModel):
     status: Status
     seconds: float = 0.0
     runs: str = ""  # what does the work, here
-    detail: str = ""  # one line: what happened, or why not
+    detail: str = ""  # what happened, or why not (the first line is the summary)
     outputs: dict[str, str] = {}
     result: dict[str, Any] | None = None  # the step's own typed result, as JSON
 
@@ -46,7 +47,7 @@ class Context:
     checkpoint: str = ""  # the Megatron checkpoint the trainer loads (the convert step's output)
 
 
-class Step:
+class Step(ABC):
     name: ClassVar[str]
 
     def __init__(self, spec: RecipeJob):
@@ -56,8 +57,9 @@ class Step:
         """Why this step has nothing to do with this spec (it is then skipped with the reason), or None."""
         return None
 
+    @abstractmethod
     def runs(self) -> str:
-        raise NotImplementedError
+        """What does the work of this step (named in plans and in the result table)."""
 
     def outputs(self, workspace: str) -> dict[str, str]:
         """{what: path} a later step reads; they must exist when the step is skipped."""
@@ -66,11 +68,13 @@ class Step:
     def adopt(self, ctx: Context) -> None:
         """Take over the outputs of a skipped run of this step (so later steps find them)."""
 
+    @abstractmethod
     def plan(self, workspace: str) -> list[str]:
-        raise NotImplementedError
+        """What the step would do, from the spec alone (for --dry-run)."""
 
+    @abstractmethod
     def run(self, ctx: Context) -> StepResult:
-        raise NotImplementedError
+        """Do the step (ran) or find it current (cached); raise an A4RayError naming what went wrong."""
 
 
 # ------------------------------------------------------------------------------------------ stage
