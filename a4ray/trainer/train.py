@@ -28,11 +28,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from a4ray.trainer import checkpoint
 from a4ray.trainer.data import IGNORE, Batches, SFTRecords, TokenWindows
 
-# What a resumed run must share with the checkpoint (the iteration count may grow: training goes on).
-RESUME_KEYS = ("model", "mode", "data", "seq_len", "micro_batch", "global_batch", "lr", "min_lr", "warmup",
-               "num_layers", "weight_decay", "seed")
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m a4ray.trainer", description=__doc__)
     p.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
@@ -126,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.micro_batch} x {world} ranks", file=sys.stderr, flush=True)
         return 2
     save = Path(args.save)
+    # What a resumed run must share with its checkpoint (the iteration count may grow: training goes on).
     config = {"model": str(Path(args.model).resolve()), "mode": args.mode, "data": str(Path(args.data).resolve()),
               "seq_len": args.seq_len, "micro_batch": args.micro_batch, "global_batch": args.global_batch,
               "lr": args.lr, "min_lr": args.min_lr, "warmup": args.warmup, "num_layers": args.num_layers,
