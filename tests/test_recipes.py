@@ -147,9 +147,10 @@ def test_shipped_a4_specs_are_the_recipe_defaults(kind):
 # --------------------------------------------------------------------------------------------- swift
 
 
-@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("nodes", [1, 2, 4])
 def test_swift_3x_trains_from_mcore_with_the_seeds_flags(nodes):
-    _, p = launch_plan("swift_dpo", f"cluster.nodes={nodes}")
+    gbs = 4 if nodes < 4 else 8  # 4 nodes: TP4 leaves 8 data-parallel ranks (4 is refused below)
+    _, p = launch_plan("swift_dpo", f"cluster.nodes={nodes}", f"train.global_batch_size={gbs}")
     for rank, node in enumerate(p.nodes):
         argv = node.argv
         assert argv[:4] == ["megatron", "rlhf", "--rlhf_type", "dpo"]
@@ -160,7 +161,8 @@ def test_swift_3x_trains_from_mcore_with_the_seeds_flags(nodes):
                 "--expert_model_parallel_size": "8", "--recompute_granularity": "full", "--max_epochs": "1",
                 "--num_workers": "8", "--save_interval": "200", "--eval_interval": "200",
                 "--optimizer_cpu_offload": "true", "--attention_backend": "flash", "--sequence_parallel": "true",
-                "--beta": "0.1", "--loss_type": "sigmoid", "--dataset": "AI-ModelScope/orpo-dpo-mix-40k"}
+                "--beta": "0.1", "--loss_type": "sigmoid", "--dataset": "AI-ModelScope/orpo-dpo-mix-40k",
+                "--global_batch_size": str(gbs)}
         for flag, value in seed.items():
             assert flags[flag] == value, flag
         assert not {"--output_dir", "--num_train_epochs", "--save_steps", "--rpo_alpha"} & set(flags)
