@@ -32,7 +32,7 @@ rehearsal-stage: install
 	$(VENV)/bin/a4ray standins
 	$(VENV)/bin/a4ray stage -f jobs/qwen3_next_local.yaml
 
-test: install system-deps
+test: system-deps install
 	$(PY) -m pytest
 
 # The rendered KubeRay manifests in kuberay/ (see kuberay/manifests.txt); a test keeps them current.

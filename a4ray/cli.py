@@ -13,6 +13,7 @@ SUBCOMMAND_MODULES = [
     "a4ray.commands.doctor",
     "a4ray.commands.k8s",
     "a4ray.commands.stage",
+    "a4ray.commands.network",
 ]
 
 

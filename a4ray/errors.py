@@ -58,6 +58,14 @@ class GibMissing(A4RayError):
     """network.gib is `on` but a node lacks set_nccl_env.sh (or sourcing it failed)."""
 
 
+class EnvScriptFailed(A4RayError):
+    """An env script a launch asked for (e.g. DeepEP's unified-env.sh) is missing on a node or fails."""
+
+
+class ToolMissing(A4RayError):
+    """A tool the spec requires (nccl-tests binaries, mpirun) is missing on some nodes."""
+
+
 class GangFailed(A4RayError):
     """A node of the gang failed (non-zero exit, actor death, node loss); the gang was torn down."""
 

@@ -9,11 +9,10 @@ import time
 from pathlib import Path
 
 from a4ray.console import say
-from a4ray.errors import Cancelled, GangFailed
 from a4ray.observe import metrics
 from a4ray.rundir import RunDir
 from a4ray.runtime.connect import connect
-from a4ray.runtime.gang import Gang, GangResult
+from a4ray.runtime.gang import Gang
 from a4ray.runtime.restart import should_retry
 from a4ray.runtime.signals import sigterm_as_interrupt
 from a4ray.spec.job import JobSpec
@@ -40,35 +39,30 @@ def run(spec: JobSpec, *, address: str | None = None, local_nodes: int | None = 
         say(f"run directory: {run_dir.root}")
         run_dir.write("spec.yaml", spec.to_yaml())
         run_dir.write("plan.json", work.plan())
-        gang_result = run_attempts(spec, work, run_dir)
-        result = work.result(gang_result)
+        result = run_attempts(spec, work, run_dir)
         run_dir.write("result.json", result)
         say(f"logs: {run_dir.logs} (one file per node and per rank)")
     return result
 
 
-def run_attempts(spec: JobSpec, work: Workload, run_dir: RunDir, *, log_dir: Path | None = None) -> GangResult:
-    """Launch, and relaunch on a fresh gang (a lost node replaced by a free one) while the policy allows.
-
-    Also a pipeline's train step (its logs under `log_dir`, default the run directory's `logs/`)."""
-    deadline = time.monotonic() + spec.timeout_s if spec.timeout_s else None
+def run_attempts(spec: JobSpec, work: Workload, run_dir: RunDir, *,
+                 log_dir: Path | None = None) -> WorkloadResult:
+    """Execute on a gang, and again on a fresh gang (a lost node replaced by a free one) while the
+    restart policy allows. Each attempt gets `spec.timeout_s`. Also a pipeline's train step (its logs
+    under `log_dir`, default the run directory's `logs/`)."""
     attempt = 0
     while True:
         metrics.record_attempt(spec.name, run_dir.id, attempt)
         if attempt:
+            note = work.resume_note()
             say(f"attempt {attempt}/{spec.restart.max_restarts}: relaunching on a new gang"
-                + (f"; {work.resume_note()}" if work.resume_note() else ""))
-        remaining = None if deadline is None else max(1.0, deadline - time.monotonic())
+                + (f"; {note}" if note else ""))
         with Gang(spec, log_dir=str(log_dir or run_dir.logs), run_dir=str(run_dir.root), attempt=attempt) as gang, \
                 sigterm_as_interrupt():
-            try:
-                return gang.run(work.launch, timeout_s=remaining, env_name=spec.kind)
-            except GangFailed as failure:
-                if failure.result is None or isinstance(failure, Cancelled):
-                    raise
-                say(f"FAILED: {failure}")
-                result = failure.result
-        retry, why = should_retry(result, spec.restart, attempt)
+            result = work.execute(gang)
+        if result.gang is None:
+            return result
+        retry, why = should_retry(result.gang, spec.restart, attempt)
         if not retry:
             if spec.restart.max_restarts or attempt:
                 say(f"not restarting: {why}")

@@ -45,8 +45,10 @@ def local_cluster(_session_cluster):
 
 @pytest.fixture
 def fresh_cluster():
-    """A private cluster factory for tests that kill nodes; the session cluster is left alone."""
+    """A private cluster factory for tests that kill nodes; the session cluster is left alone (and
+    reconnected afterwards if it was connected)."""
     made: list[SimulatedCluster] = []
+    previous = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
 
     def make(nodes: int = 2, gpus: int = 1, **kw) -> SimulatedCluster:
         if ray.is_initialized():
@@ -62,6 +64,8 @@ def fresh_cluster():
         ray.shutdown()
     for cluster in made:
         cluster.shutdown()
+    if previous:
+        ray.init(address=previous, namespace=NAMESPACE)
 
 
 def job(kind: str, *sets: str, workspace: Path | None = None):

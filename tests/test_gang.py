@@ -180,7 +180,7 @@ def test_gib_env_on_nodes_and_node_loss(fresh_cluster, tmp_path):
     gib = tmp_path / "gib" / "scripts"
     gib.mkdir(parents=True)
     (gib / "set_nccl_env.sh").write_text("export NCCL_NET=gIB NCCL_IB_TC=52 NCCL_NVLS_ENABLE=1\n")
-    cluster = fresh_cluster(nodes=2, gpus=1, node_env={"NCCL_NVLS_ENABLE": "0"})
+    cluster = fresh_cluster(nodes=2, gpus=1, node_env={i: {"NCCL_NVLS_ENABLE": "0"} for i in range(2)})
     probe = "echo NET=$NCCL_NET IF=$NCCL_SOCKET_IFNAME NVLS=$NCCL_NVLS_ENABLE LD=$LD_LIBRARY_PATH"
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "network.gib=on",
                f"network.gib_script={gib / 'set_nccl_env.sh'}", "network.env.NCCL_NVLS_ENABLE=1",

@@ -273,8 +273,7 @@ class Train(Step):
         if done and done.get("fingerprint") == key and done.get("ok"):
             return StepResult(name=self.name, status="cached", detail=f"finished {done.get('finished')}: "
                               f"{done.get('verdict')}", outputs=done.get("outputs", {}), result=done.get("result"))
-        gang = run_attempts(spec, work, ctx.run_dir, log_dir=ctx.run_dir.logs / "train")
-        result = work.result(gang)
+        result = run_attempts(spec, work, ctx.run_dir, log_dir=ctx.run_dir.logs / "train")
         if result.table():
             print(result.table(), flush=True)
         outputs = {"output": spec.on_nodes(ctx.workspace, spec.train_output)}

@@ -7,12 +7,16 @@ Lifecycle (one owner, as in Ray Train's worker group):
   run    -> every node launches its command (env built on the node); the driver streams every line
             with its node and rank; the first failure (non-zero exit, actor death, node loss), a
             timeout or a cancel stops every node's whole process tree, and the error names the node,
-            its exit code and its last lines.
+            its exit code and its last lines. A launch with no command is a standby: that node waits
+            (serving exec requests, e.g. OpenMPI daemons started from node 0) and is stopped when
+            every other node's command has ended. `run` may be called again, on all nodes or on a
+            subset (a test of node pairs), with a fresh rendezvous port each time.
   close  -> actors killed, placement group removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import uuid
@@ -38,6 +42,15 @@ from a4ray.spec.job import JobSpec
 _LAST_LINES = 20
 
 
+class Peer(BaseModel):
+    """One node of a launch, as the other nodes see it."""
+
+    rank: int
+    ip: str
+    hostname: str
+    actor: str  # the node actor's Ray name (in NodeContext.namespace)
+
+
 class NodeContext(BaseModel):
     """What a workload needs to build one node's command. In a dry run the node values are placeholders."""
 
@@ -52,25 +65,40 @@ class NodeContext(BaseModel):
     log_dir: str
     run_dir: str = ""
     launch_id: str = ""
+    peers: list[Peer] = []  # every node of this launch, in rank order (peers[0] is the master)
+    ray_address: str = ""  # the cluster's GCS address, for processes that reach the gang (the rsh agent)
+    namespace: str = ""
     attempt: int = 0  # 0 = first launch; > 0: a restart, the workload should resume from its checkpoint
 
 
 class Launch(BaseModel):
-    """One node's command. `nproc` > 0 marks a torchrun launch whose lines carry local-rank prefixes."""
+    """One node's command. `nproc` > 0 marks a torchrun launch whose lines carry local-rank prefixes.
+
+    An empty `argv` is a standby: the node builds its env and serves exec requests until the nodes
+    with commands have ended. `env_scripts` are sourced on the node after gIB (e.g. DeepEP's env);
+    `files` are written on the node before the command starts (e.g. an MPI hostfile).
+    """
 
     argv: list[str]
     env: dict[str, str] = {}
+    env_scripts: list[str] = []
+    files: dict[str, str] = {}
     cwd: str | None = None
     nproc: int = 0
 
+    @property
+    def standby(self) -> bool:
+        return not self.argv
+
 
 class NodeResult(BaseModel):
-    rank: int
+    rank: int  # in this launch
+    gang_rank: int  # in the gang (differs from `rank` when a launch runs on a subset of the nodes)
     hostname: str
     ip: str
     node_id: str
     location: str
-    status: Literal["succeeded", "failed", "stopped", "lost", "not-started"]
+    status: Literal["succeeded", "failed", "stopped", "lost", "not-started", "standby"]
     exit_code: int | None = None
     duration_s: float | None = None
     last_lines: list[str] = []
@@ -87,9 +115,9 @@ class GangResult(BaseModel):
     ok: bool
     failure: str | None = None
     failure_kind: FailureKind | None = None
-    failed_node: int | None = None
+    failed_node: int | None = None  # gang rank of the node that failed first
     attempt: int = 0
-    iterations_seen: int = 0  # iteration lines seen in this attempt (progress made)
+    iterations_seen: int = 0  # iteration lines seen in this launch (progress made)
     last_iteration: int | None = None
     hang_report: str | None = None  # directory with every rank's stack dump and a summary
     start_s: float = 0.0  # placement + actors + facts
@@ -117,13 +145,17 @@ class Gang:
         self.name = name or f"a4ray-{spec.name}-{self.launch_id}"
         self.pg = None
         self.actors: list = []  # in rank order once started
+        self.actor_names: list[str] = []  # in rank order
         self.nodes: list[NodeFacts] = []  # in rank order
-        self.master_port: int | None = None
+        self.master_port: int | None = None  # of the latest launch
         self.start_s = 0.0
         self.observers: list[LineObserver] = []
+        self._runs = 0
 
     # ------------------------------------------------------------------------------------ start
     def start(self) -> list[NodeFacts]:
+        if self.actors:
+            return self.nodes
         t0 = time.monotonic()
         c = self.cluster
         bundle = {"CPU": c.cpus_per_node, "GPU": c.gpus_per_node, c.node_resource: 1}
@@ -147,69 +179,107 @@ class Gang:
         ]
         facts = ray.get([a.facts.remote() for a in actors], timeout=max(60.0, c.start_timeout_s))
         ordered = rank_order(facts, c.topology)
-        by_id = {f.node_id: a for f, a in zip(facts, actors)}
+        by_id = {f.node_id: (a, f"{self.name}-{i}") for i, (f, a) in enumerate(zip(facts, actors))}
         self.nodes = ordered
-        self.actors = [by_id[f.node_id] for f in ordered]
-        self.master_port = ray.get(self.actors[0].free_port.remote(), timeout=60)
+        self.actors = [by_id[f.node_id][0] for f in ordered]
+        self.actor_names = [by_id[f.node_id][1] for f in ordered]
         self.start_s = time.monotonic() - t0
         say(f"gang {self.name}: {c.nodes} nodes x {c.gpus_per_node} GPUs placed in {self.start_s:.1f}s; "
-            f"master {self.nodes[0].ip}:{self.master_port}")
+            f"master {self.nodes[0].ip}")
         for rank, node in enumerate(self.nodes):
             say(f"  node {rank}: {node.describe(c.topology)} gpus={','.join(node.gpu_ids) or '-'}")
         return self.nodes
 
-    def context(self, rank: int) -> NodeContext:
-        node = self.nodes[rank]
+    def context(self, rank: int, members: list[int] | None = None, *, master_port: int | None = None,
+                log_dir: str | None = None, launch_id: str | None = None) -> NodeContext:
+        """The context of launch rank `rank` in a launch on `members` (gang ranks; default: all nodes)."""
+        members = list(range(len(self.nodes))) if members is None else members
+        node = self.nodes[members[rank]]
+        ctx = ray.get_runtime_context()
+        peers = [Peer(rank=i, ip=self.nodes[g].ip, hostname=self.nodes[g].hostname, actor=self.actor_names[g])
+                 for i, g in enumerate(members)]
         return NodeContext(
-            rank=rank, nnodes=len(self.nodes), gpus=self.cluster.gpus_per_node,
-            master_addr=self.nodes[0].ip, master_port=self.master_port or 0, ip=node.ip,
-            hostname=node.hostname, python=node.python, log_dir=self.log_dir, run_dir=self.run_dir,
-            launch_id=self.launch_id, attempt=self.attempt,
+            rank=rank, nnodes=len(members), gpus=self.cluster.gpus_per_node,
+            master_addr=peers[0].ip, master_port=master_port or self.master_port or 0, ip=node.ip,
+            hostname=node.hostname, python=node.python, log_dir=log_dir or self.log_dir, run_dir=self.run_dir,
+            launch_id=launch_id or self.launch_id, peers=peers, ray_address=ctx.gcs_address,
+            namespace=ctx.namespace or "", attempt=self.attempt,
         )
+
+    @contextlib.contextmanager
+    def observing(self, observer: LineObserver):
+        """Feed every streamed line to `observer` (launch rank, line) while the block runs."""
+        self.observers.append(observer)
+        try:
+            yield observer
+        finally:
+            self.observers.remove(observer)
+
+    def executables(self, names: list[str]) -> list[dict[str, str | None]]:
+        """`names` resolved on every node (absolute paths checked, others looked up on PATH), in rank order."""
+        if not self.actors:
+            self.start()
+        return ray.get([a.executables.remote(names) for a in self.actors], timeout=60)
 
     # -------------------------------------------------------------------------------------- run
     def run(self, build: Callable[[NodeContext], Launch], *, timeout_s: float | None = None,
-            env_name: str = "workload") -> GangResult:
-        """Launch `build(node)` on every node and supervise until all end, one fails, or time runs out."""
+            env_name: str = "workload", nodes: list[int] | None = None,
+            log_dir: str | None = None) -> GangResult:
+        """Launch `build(node)` on every node (or on `nodes`, gang ranks in launch-rank order) and
+        supervise until all commands end, one fails, or time runs out."""
         if not self.actors:
             self.start()
-        launches = [build(self.context(rank)) for rank in range(len(self.nodes))]
+        members = list(range(len(self.nodes))) if nodes is None else list(nodes)
+        if not members or len(set(members)) != len(members) or not all(0 <= g < len(self.nodes) for g in members):
+            raise ValueError(f"nodes={nodes}: need distinct gang ranks in 0..{len(self.nodes) - 1}")
+        log_dir = log_dir or self.log_dir
+        launch_id = f"{self.launch_id}-r{self._runs}"
+        self._runs += 1
+        self.master_port = ray.get(self.actors[members[0]].free_port.remote(), timeout=60)
+        launches = [build(self.context(rank, members, master_port=self.master_port, log_dir=log_dir,
+                                       launch_id=launch_id))
+                    for rank in range(len(members))]
+        if all(launch.standby for launch in launches):
+            raise ValueError("every launch is a standby: at least one node needs a command")
         t0 = time.monotonic()
         requests = [
             LaunchRequest(
-                argv=launch.argv, cwd=launch.cwd, env=launch.env, network=self.spec.network,
-                node_rank=rank, nproc=launch.nproc, log_dir=self.log_dir,
-                launch_id=f"{self.launch_id}-n{rank}", grace_s=self.cluster.stop_grace_s, attempt=self.attempt,
-                metric_tags={"job": self.spec.name, "run": Path(self.run_dir).name if self.run_dir else self.launch_id},
+                argv=launch.argv, cwd=launch.cwd, env=launch.env, env_scripts=launch.env_scripts,
+                files=launch.files, network=self.spec.network, node_rank=rank, nproc=launch.nproc,
+                log_dir=log_dir, launch_id=f"{launch_id}-n{rank}", grace_s=self.cluster.stop_grace_s,
+                attempt=self.attempt, metric_tags={"job": self.spec.name, "run": self.run_id},
                 seq_length=self.spec.observe.seq_length,
                 flight_recorder=self.spec.observe.watchdog.enabled and self.spec.observe.watchdog.flight_recorder,
             )
             for rank, launch in enumerate(launches)
         ]
-        refs = [a.launch.remote(r, env_name) for a, r in zip(self.actors, requests)]
+        actors = [self.actors[g] for g in members]
         try:
-            infos = ray.get(refs)
-        except ray.exceptions.RayTaskError as error:
-            # A node refused to launch (gIB missing, bad cwd, ...): stop the nodes that did start.
-            ray.wait(refs, num_returns=len(refs), timeout=60)
-            self.stop()
-            cause = error.cause if isinstance(error.cause, A4RayError) else None
-            raise (cause or GangFailed(f"launch failed on a node: {error}")) from None
+            infos = ray.get([a.launch.remote(r, env_name) for a, r in zip(actors, requests)])
+        except ray.exceptions.RayTaskError as e:
+            self._stop(members)  # the nodes that did start must not run on alone
+            if isinstance(e.cause, A4RayError):
+                raise e.cause from None
+            raise
         for rank, info in enumerate(infos):
-            say(f"[n{rank}] env ({len(info.env_report)} set by a4ray, secrets masked): "
+            say(f"[n{members[rank]}] env ({len(info.env_report)} set by a4ray, secrets masked): "
                 + "; ".join(info.env_report))
-        nproc = {rank: launch.nproc for rank, launch in enumerate(launches)}
-        outcome = _Supervisor(self, nproc, timeout_s).watch()
-        result = self._collect(outcome, time.monotonic() - t0)
+        if nodes is not None or any(launch.standby for launch in launches):
+            say(f"launch {launch_id}: nodes {members}" + "".join(
+                f"; n{members[r]} standby" for r, launch in enumerate(launches) if launch.standby))
+        outcome = _Supervisor(self, members, launches, timeout_s).watch()
+        result = self._collect(members, outcome, time.monotonic() - t0, log_dir, launch_id)
         if not result.ok:
             error_cls = {"timeout": GangTimeout, "cancelled": Cancelled, "hang": GangHang}.get(outcome.kind, GangFailed)
             raise error_cls(result.failure or "the gang failed", result=result, hint=outcome.hint)
         return result
 
-    def _collect(self, outcome: _Outcome, run_s: float) -> GangResult:
+    def _collect(self, members: list[int], outcome: _Outcome, run_s: float, log_dir: str,
+                 launch_id: str) -> GangResult:
         nodes = []
-        for rank, (facts, actor) in enumerate(zip(self.nodes, self.actors)):
-            base = dict(rank=rank, hostname=facts.hostname, ip=facts.ip, node_id=facts.node_id,
+        for rank, g in enumerate(members):
+            facts, actor = self.nodes[g], self.actors[g]
+            base = dict(rank=rank, gang_rank=g, hostname=facts.hostname, ip=facts.ip, node_id=facts.node_id,
                         location="/".join(p for p in facts.location(self.cluster.topology) if p))
             if rank in outcome.lost:
                 nodes.append(NodeResult(**base, status="lost", last_lines=outcome.tails.get(rank, [])))
@@ -219,28 +289,40 @@ class Gang:
             except Exception:  # noqa: BLE001 - a node that cannot answer now is as good as lost
                 nodes.append(NodeResult(**base, status="lost", last_lines=outcome.tails.get(rank, [])))
                 continue
-            status = "stopped" if run.stopped else "succeeded" if run.exit_code == 0 else "failed"
+            # A process a4ray stopped is "stopped" whatever its exit code (bash may exit 0 on SIGTERM).
+            status = ("standby" if run.standby else "stopped" if run.stopped else
+                      "succeeded" if run.exit_code == 0 else "failed")
             duration = (run.ended_at - run.started_at) if run.ended_at and run.started_at else None
             nodes.append(NodeResult(**base, status=status, exit_code=run.exit_code, duration_s=duration,
                                     last_lines=run.last_lines[-_LAST_LINES:], records=run.records,
                                     log_file=run.log_file))
-        ok = outcome.kind == "done" and all(n.status == "succeeded" for n in nodes)
+        ok = outcome.kind == "done" and all(n.status in ("succeeded", "standby") for n in nodes)
         failure = outcome.message if not ok else None
         if not ok and failure is None:
-            failed = next(n for n in nodes if n.status != "succeeded")
-            failure = f"node {failed.rank} ({failed.hostname}) ended with status {failed.status}"
+            failed = next(n for n in nodes if n.status not in ("succeeded", "standby"))
+            failure = f"node {failed.gang_rank} ({failed.hostname}) ended with status {failed.status}"
         return GangResult(
-            job=self.spec.name, launch_id=self.launch_id, ok=ok, failure=failure, start_s=self.start_s, run_s=run_s,
-            log_dir=self.log_dir, nodes=nodes, attempt=self.attempt,
+            job=self.spec.name, launch_id=launch_id, ok=ok, failure=failure, start_s=self.start_s, run_s=run_s,
+            log_dir=log_dir, nodes=nodes, attempt=self.attempt,
             failure_kind=None if ok else ("failed" if outcome.kind == "done" else outcome.kind),
-            failed_node=outcome.failed_node, iterations_seen=outcome.iterations_seen,
-            last_iteration=outcome.last_iteration, hang_report=outcome.hang_report,
+            failed_node=None if outcome.failed_node is None else members[outcome.failed_node],
+            iterations_seen=outcome.iterations_seen, last_iteration=outcome.last_iteration,
+            hang_report=outcome.hang_report,
         )
 
+    @property
+    def run_id(self) -> str:
+        return Path(self.run_dir).name if self.run_dir else self.launch_id
+
     def stop(self, grace_s: float | None = None, skip: set[int] = frozenset()) -> None:
-        """Stop every node's process tree in parallel (SIGTERM, bounded wait, SIGKILL)."""
+        """Stop every node's process trees in parallel (SIGTERM, bounded wait, SIGKILL); `skip`: gang ranks."""
+        self._stop([g for g in range(len(self.actors)) if g not in skip], grace_s)
+
+    def _stop(self, ranks: list[int], grace_s: float | None = None) -> None:
         grace = self.cluster.stop_grace_s if grace_s is None else grace_s
-        refs = [a.stop.remote(grace) for i, a in enumerate(self.actors) if i not in skip]
+        refs = [self.actors[g].stop.remote(grace) for g in ranks]
+        if not refs:
+            return
         try:
             ray.wait(refs, num_returns=len(refs), timeout=grace + 30)
         except Exception:  # noqa: BLE001 - stopping is best effort; the reapers finish the job
@@ -272,8 +354,9 @@ class _Outcome:
         self.kind: Literal["done", "failed", "lost", "hang", "timeout", "cancelled"] = "done"
         self.message: str | None = None
         self.hint: str | None = None
-        self.failed_node: int | None = None
+        self.failed_node: int | None = None  # launch rank
         self.lost: set[int] = set()
+        self.stopped: set[int] = set()
         self.tails: dict[int, list[str]] = {}
         self.iterations_seen = 0
         self.last_iteration: int | None = None
@@ -281,14 +364,21 @@ class _Outcome:
 
 
 class _Supervisor:
-    """Streams every node's lines to the driver and ends the gang on the first failure."""
+    """Streams every node's lines to the driver and ends the launch on the first failure.
 
-    def __init__(self, gang: Gang, nproc: dict[int, int], timeout_s: float | None):
+    Ranks here are launch ranks; `members[rank]` is the node's gang rank, used in what is printed so a
+    node keeps one name across launches.
+    """
+
+    def __init__(self, gang: Gang, members: list[int], launches: list[Launch], timeout_s: float | None):
         self.gang = gang
-        self.nproc = nproc
+        self.members = members
+        self.actors = [gang.actors[g] for g in members]
+        self.nproc = [launch.nproc for launch in launches]
+        self.standby = {rank for rank, launch in enumerate(launches) if launch.standby}
         self.deadline = time.monotonic() + timeout_s if timeout_s else None
         self.timeout_s = timeout_s
-        self.cursors = {rank: 0 for rank in range(len(gang.actors))}
+        self.cursors = {rank: 0 for rank in range(len(members))}
         self.rank_tails: dict[tuple[int, int], list[str]] = {}
         self.outcome = _Outcome()
         self.observe = gang.spec.observe
@@ -297,18 +387,19 @@ class _Supervisor:
         self.last_summary_iteration: int | None = None
 
     def _emit(self, rank: int, poll: Poll) -> None:
+        node = self.members[rank]
         if poll.dropped:
-            say(f"[n{rank}] ... {poll.dropped} lines not streamed (driver fell behind); "
+            say(f"[n{node}] ... {poll.dropped} lines not streamed (driver fell behind); "
                 f"they are in the node log")
         tail = self.outcome.tails.setdefault(rank, [])
         for line in poll.lines:
             if line.local_rank is not None:
-                print(f"[n{rank} r{rank * self.nproc[rank] + line.local_rank}] {line.text}", flush=True)
+                print(f"[n{node} r{rank * self.nproc[rank] + line.local_rank}] {line.text}", flush=True)
                 rank_tail = self.rank_tails.setdefault((rank, line.local_rank), [])
                 rank_tail.append(line.text)
                 del rank_tail[:-_LAST_LINES]
             else:
-                print(f"[n{rank}] {line.text}", flush=True)
+                print(f"[n{node}] {line.text}", flush=True)
             for observer in self.gang.observers:
                 observer(rank, line)
             if line.progress is not None:
@@ -351,19 +442,19 @@ class _Supervisor:
         """Stack dumps of every rank on every node, written to the run directory with a summary."""
         gang, out = self.gang, self.outcome
         say(f"hang detected: {why}; collecting the stacks of every rank")
-        metrics.record_hang(gang.spec.name, Path(gang.run_dir).name if gang.run_dir else gang.launch_id)
+        metrics.record_hang(gang.spec.name, gang.run_id)
         base = Path(gang.run_dir or Path(gang.log_dir).parent)
         report = base / (f"hang-attempt-{gang.attempt}" if gang.attempt else "hang")
         report.mkdir(parents=True, exist_ok=True)
         dumps = []
         if self.observe.watchdog.py_spy:
-            refs = {a.stacks.remote(): i for i, a in enumerate(gang.actors)}
+            refs = {a.stacks.remote(): rank for rank, a in enumerate(self.actors)}
             ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=120)
             for ref in ready:
                 try:
                     dumps += ray.get(ref)
                 except Exception as e:  # noqa: BLE001 - a node that cannot answer is named in the summary
-                    say(f"  node {refs[ref]}: no stacks ({type(e).__name__})")
+                    say(f"  node {self.members[refs[ref]]}: no stacks ({type(e).__name__})")
         for d in dumps:
             name = f"rank-{int(d.rank):04d}.txt" if d.rank.isdigit() else f"{d.rank.replace(':', '-')}.txt"
             (report / name).write_text(d.text + (f"\n# py-spy error: {d.error}\n" if d.error else ""))
@@ -376,10 +467,11 @@ class _Supervisor:
         out.hint = f"stack dumps of every rank are in {report}"
 
     def watch(self) -> _Outcome:
-        gang, out = self.gang, self.outcome
-        pending = {a.poll.remote(0, 1.0): rank for rank, a in enumerate(gang.actors)}
+        out = self.outcome
+        pending = {a.poll.remote(0, 1.0): rank for rank, a in enumerate(self.actors)}
         try:
-            while pending:
+            # Standby nodes never end by themselves: the launch is over when every command has ended.
+            while any(rank not in self.standby for rank in pending.values()):
                 wait_s = 1.0 if self.deadline is None else max(0.0, min(1.0, self.deadline - time.monotonic()))
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
                 for ref in ready:
@@ -387,16 +479,16 @@ class _Supervisor:
                     try:
                         poll: Poll = ray.get(ref)
                     except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
-                        self._fail(rank, "lost", f"node {rank} ({self._where(rank)}) was lost: its node "
-                                   f"actor died ({type(e).__name__}); the node was removed, ran out of "
-                                   f"memory or was killed")
+                        self._fail(rank, "lost", f"node {self.members[rank]} ({self._where(rank)}) was lost: "
+                                   f"its node actor died ({type(e).__name__}); the node was removed, ran out "
+                                   f"of memory or was killed")
                         return self._finish(pending)
                     self._emit(rank, poll)
-                    if poll.exit_code is None:
-                        pending[gang.actors[rank].poll.remote(poll.cursor, 1.0)] = rank
-                    elif poll.exit_code != 0:
-                        self._fail(rank, "failed", f"node {rank} ({self._where(rank)}) exited with code "
-                                   f"{poll.exit_code}{_signal_name(poll.exit_code)}")
+                    if poll.running:
+                        pending[self.actors[rank].poll.remote(poll.cursor, 1.0)] = rank
+                    elif poll.exit_code not in (0, None):
+                        self._fail(rank, "failed", f"node {self.members[rank]} ({self._where(rank)}) exited "
+                                   f"with code {poll.exit_code}{_signal_name(poll.exit_code)}")
                         return self._finish(pending)
                 why = self._hang() if pending else None
                 if why:
@@ -409,10 +501,12 @@ class _Supervisor:
         except KeyboardInterrupt:
             out.kind, out.message = "cancelled", "cancelled (Ctrl-C or `ray job stop`)"
             return self._finish(pending)
+        if pending:  # the standby nodes: their exec'd commands (MPI daemons) end with the launch
+            self.gang._stop([self.members[rank] for rank in pending.values()])
         return out
 
     def _where(self, rank: int) -> str:
-        return self.gang.nodes[rank].describe(self.gang.cluster.topology)
+        return self.gang.nodes[self.members[rank]].describe(self.gang.cluster.topology)
 
     def _fail(self, rank: int, kind: str, message: str) -> None:
         out = self.outcome
@@ -421,7 +515,7 @@ class _Supervisor:
         if kind == "lost":
             out.lost.add(rank)
         tail = out.tails.get(rank, [])
-        cause = _torchrun_root_cause(tail) if self.nproc.get(rank) else None
+        cause = _torchrun_root_cause(tail) if self.nproc[rank] else None
         if cause and (rank, cause[1]) in self.rank_tails:
             global_rank, local_rank, code = cause
             message += f": rank {global_rank} (local rank {local_rank}) failed first, with exit code {code}"
@@ -433,13 +527,14 @@ class _Supervisor:
 
     def _finish(self, pending: dict) -> _Outcome:
         """Stop every still-running node, then drain the lines they printed while stopping."""
-        gang, out = self.gang, self.outcome
+        out = self.outcome
         running = set(pending.values())
+        out.stopped = running - self.standby
         say(f"stopping {len(running)} node(s): {out.message.splitlines()[0] if out.message else ''}")
-        gang.stop(skip=out.lost)
+        self.gang._stop([self.members[rank] for rank in sorted(running - out.lost)])
         for rank in sorted(running - out.lost):
             try:
-                poll = ray.get(gang.actors[rank].poll.remote(self.cursors[rank], 0.0), timeout=30)
+                poll = ray.get(self.actors[rank].poll.remote(self.cursors[rank], 0.0), timeout=30)
                 self._emit(rank, poll)
             except Exception:  # noqa: BLE001 - an actor that died while stopping is reported as lost
                 out.lost.add(rank)

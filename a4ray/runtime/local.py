@@ -4,7 +4,8 @@ Each simulated node is a real Ray node (its own raylet, via `ray.cluster_utils.C
 GPUs, the machine-type resource an A4 node advertises, and node labels carrying a simulated physical
 topology under the same keys GKE uses, so the gang code cannot tell it from A4 nodes. Where this
 machine has enough real GPUs, each node gets its own slice of them (CUDA_VISIBLE_DEVICES of its raylet),
-so NCCL runs across "nodes" for real.
+so NCCL runs across "nodes" for real. Each node also gets its own loopback address (127.0.0.2, .3, ...)
+as its Ray node IP, so rendezvous addresses, MPI hostfiles and OpenMPI itself see distinct hosts.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ def simulated_location(index: int, topology: TopologySpec) -> dict[str, str]:
         topology.subblock_label: f"sim-subblock-{index // NODES_PER_SUBBLOCK}",
         topology.host_label: f"sim-host-{index:03d}",
     }
+
+
+def simulated_ip(index: int) -> str:
+    """Simulated node `index`'s own address: all of 127.0.0.0/8 reaches this machine on Linux."""
+    if not 0 <= index < 250:
+        raise ValueError(f"simulated node index {index} out of range (0..249)")
+    return f"127.0.0.{2 + index}"
 
 
 def physical_gpu_ids() -> list[str]:
@@ -53,7 +61,8 @@ class SimulatedCluster:
     def __init__(self, nodes: int, gpus_per_node: int, *, machine_type: str = "a4-highgpu-8g",
                  topology: TopologySpec | None = None, cpus_per_node: int = 4,
                  dashboard: bool = False, dashboard_port: int | None = None,
-                 object_store_mb: int = 256, persistent: bool = False, node_env: dict[str, str] | None = None):
+                 object_store_mb: int = 256, persistent: bool = False, loopback_ips: bool = True,
+                 node_env: dict[int, dict[str, str]] | None = None):
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.machine_type = machine_type
@@ -63,7 +72,8 @@ class SimulatedCluster:
         self.dashboard_port = dashboard_port
         self.object_store_mb = object_store_mb
         self.persistent = persistent
-        self.node_env = dict(node_env or {})  # extra environment of every simulated node (its raylet)
+        self.loopback_ips = loopback_ips
+        self.node_env = node_env or {}  # extra env of one node's processes (e.g. a misconfigured node)
         self.cluster = None
         self.workers: dict[int, object] = {}  # simulated node index -> ray._private.node.Node
         self._gpu_slices: list[str] | None = None
@@ -103,19 +113,33 @@ class SimulatedCluster:
         assert self.cluster is not None
         if index is None:
             index = max(self.workers, default=-1) + 1
-        env = dict(self.node_env)
+        env = {**self._separate_host_env(index), **self.node_env.get(index, {})}
         if self._gpu_slices is not None and (index + 1) * self.gpus_per_node <= len(self._gpu_slices):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(
                 self._gpu_slices[index * self.gpus_per_node:(index + 1) * self.gpus_per_node])
         labels = {**simulated_location(index, self.topology), SIMULATED_LABEL: "true",
                   "a4ray.io/machine-type": self.machine_type}
+        ip = {"node_ip_address": simulated_ip(index)} if self.loopback_ips else {}
         node = self.cluster.add_node(
             num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node,
             resources={self.machine_type: 1}, labels=labels, env_vars=env,
-            object_store_memory=self.object_store_mb * 2**20,
+            object_store_memory=self.object_store_mb * 2**20, **ip,
         )
         self.workers[index] = node
         return node
+
+    def _separate_host_env(self, index: int) -> dict[str, str]:
+        """What makes simulated nodes as separate as machines where it matters, for OpenMPI (mpirun
+        forwards OMPI_MCA_* to every rank, so these are the same on every node). OpenMPI keys its
+        per-host files by hostname: simulated nodes share one hostname, /dev/shm and /tmp, so
+        - ranks of two nodes would map each other's shared-memory segments (named by node-local rank)
+          and crash: their ranks talk TCP instead, as ranks on separate machines do, over loopback,
+          which every simulated node shares (OpenMPI skips loopback by default, and a CI container
+          may have no other interface);
+        - every node's daemon would write the same hwloc topology file (hwloc.sm) at once, which now
+          and then crashes one: the daemons do not share their topology through a file."""
+        return {"OMPI_MCA_btl": "^vader", "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo",
+                "OMPI_MCA_rtc_hwloc_vmhole": "none"}
 
     def remove_node(self, index: int) -> None:
         """Kill simulated node `index` abruptly, as a lost A4 node would be."""

@@ -1,26 +1,37 @@
-"""The node actor: one per node of a gang, owning all of that node's GPUs, running one process tree.
+"""The node actor: one per node of a gang, owning all of that node's GPUs, running its process trees.
 
 It reports the node's facts, builds the launch environment on the node (where set_nccl_env.sh is),
 starts the command in its own session, keeps its output (per-node and per-rank log files, a bounded
 in-memory tail the driver polls), and stops the whole process tree on request or when it dies.
+
+Launches run one after another on the same actor (a test of node pairs reuses the gang). A launch with
+no command is a *standby*: the node builds its env and waits. While a launch (or standby) is current,
+`exec_*` runs further commands on demand in that same env, each in its own session with its own reaper
+and streamed output: this is how an MPI launcher on node 0 starts OpenMPI's daemons on the other nodes
+without SSH (see `a4ray.mpi.rsh`). `stop()` ends the launch and every exec'd command with it.
 """
 
 from __future__ import annotations
 
 import collections
-import shlex
 import json
 import os
 import re
+import shlex
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from a4ray.netenv import EnvLayer, build_env, gib_layer
+from a4ray.errors import EnvScriptFailed
+from a4ray.netenv import EnvLayer, build_env, gib_layer, source_script
 from a4ray.observe import metrics
 from a4ray.observe.progress import Progress, parse_progress
 from a4ray.observe.stacks import StackDump, dump_all
@@ -34,6 +45,7 @@ _TORCHRUN_PREFIX = re.compile(r"^\[default(\d+)\]:")
 # Workloads report typed results as one JSON line each: "A4RAY_RESULT {...}".
 RESULT_MARKER = "A4RAY_RESULT "
 _BUFFER_LINES = 20_000
+_EXEC_BUFFER_LINES = 5_000
 
 
 class Line(BaseModel):
@@ -44,9 +56,11 @@ class Line(BaseModel):
 
 
 class LaunchRequest(BaseModel):
-    argv: list[str]
+    argv: list[str]  # empty: standby (build the env, serve exec requests, wait to be stopped)
     cwd: str | None = None
     env: dict[str, str] = {}  # the workload's layer
+    env_scripts: list[str] = []  # sourced on the node after gIB, before the workload layer
+    files: dict[str, str] = {}  # written on the node before the command starts (hostfiles, ...)
     network: NetworkSpec = NetworkSpec()
     node_rank: int
     nproc: int = 0  # local ranks whose lines carry a torchrun prefix (0: not a torchrun launch)
@@ -70,32 +84,81 @@ class Poll(BaseModel):
 class LaunchInfo(BaseModel):
     env_report: list[str]
     log_file: str
-    pid: int
+    pid: int  # -1 for a standby
 
 
 class NodeRun(BaseModel):
     """What one node's launch produced."""
 
     exit_code: int | None
-    stopped: bool = False  # ended because a4ray stopped it
     started_at: float | None
     ended_at: float | None
     last_lines: list[str]
     records: list[dict]
     log_file: str
+    standby: bool = False
+    stopped: bool = False  # ended because a4ray stopped it
+
+
+class _Output:
+    """A bounded buffer of numbered lines that pollers wait on, ended by an exit code."""
+
+    def __init__(self, maxlen: int):
+        self._cond = threading.Condition()
+        self._lines: collections.deque[Line] = collections.deque(maxlen=maxlen)
+        self._seq = 0
+
+    def append(self, text: str, local_rank: int | None = None, progress: Progress | None = None) -> None:
+        with self._cond:
+            self._seq += 1
+            self._lines.append(Line(seq=self._seq, text=text, local_rank=local_rank, progress=progress))
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def poll(self, cursor: int, wait_s: float, running: Callable[[], bool],
+             exit_code: Callable[[], int | None]) -> Poll:
+        """Lines after `cursor`; waits up to `wait_s` for some. `exit_code` is set once the command has
+        ended and every line has been handed out."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while self._seq <= cursor and running() and time.monotonic() < deadline:
+                self._cond.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
+            lines = [line for line in self._lines if line.seq > cursor]
+            oldest = self._lines[0].seq if self._lines else self._seq + 1
+            new_cursor = lines[-1].seq if lines else cursor
+            # The reader appends every line before it marks the process done, so once it is done,
+            # the buffer is complete.
+            finished = not running() and new_cursor >= self._seq
+        return Poll(lines=lines, cursor=new_cursor, dropped=max(0, oldest - cursor - 1) if lines else 0,
+                    exit_code=exit_code() if finished else None, running=not finished)
+
+    def tail(self, n: int) -> list[str]:
+        with self._cond:
+            return [line.text for line in list(self._lines)[-n:]]
+
+
+class _Exec:
+    def __init__(self, process: ManagedProcess, output: _Output):
+        self.process = process
+        self.output = output
 
 
 class NodeActor:
     def __init__(self) -> None:
-        self._lock = threading.Condition()
-        self._lines: collections.deque[Line] = collections.deque(maxlen=_BUFFER_LINES)
-        self._seq = 0
+        self._output = _Output(_BUFFER_LINES)
         self._records: list[dict] = []
         self._process: ManagedProcess | None = None
+        self._standby = threading.Event()  # set while a standby launch waits to be stopped
         self._redactor = Redactor()
         self._node_log = None
         self._rank_logs: dict[int, object] = {}
         self._request: LaunchRequest | None = None
+        self._env: dict[str, str] | None = None  # the current launch's env, for exec requests
+        self._execs: dict[int, _Exec] = {}
+        self._exec_lock = threading.Lock()
 
     # ------------------------------------------------------------------ facts
     def facts(self) -> NodeFacts:
@@ -125,42 +188,92 @@ class NodeActor:
                     continue
         raise RuntimeError(f"no free port in {low}-{high} on {socket.gethostname()}")
 
+    def executables(self, names: list[str]) -> dict[str, str | None]:
+        """Each name resolved on this node: an absolute path if executable, else found on PATH, else None."""
+        found: dict[str, str | None] = {}
+        for name in names:
+            if os.path.isabs(name):
+                found[name] = name if os.path.isfile(name) and os.access(name, os.X_OK) else None
+            else:
+                found[name] = shutil.which(name)
+        return found
+
     # ------------------------------------------------------------------ launch
     def launch(self, request: LaunchRequest, workload_env_name: str = "workload") -> LaunchInfo:
-        if self._process is not None:
-            raise RuntimeError("this node actor already ran a launch")
-        self._request = request
+        if self._running() or self._standby.is_set():
+            raise RuntimeError("this node actor is still running a launch; stop it first")
+        self._reset(request)
         base = dict(os.environ)
         node = f"node {request.node_rank} ({socket.gethostname()})"
         gib, gib_note = gib_layer(request.network, base, node)
+        layers: list[EnvLayer | None] = [gib]
+        notes = [gib_note]
+        for script in request.env_scripts:
+            so_far = build_env(base, layers).env  # a script extends what gIB set (LD_LIBRARY_PATH, ...)
+            try:
+                if not os.path.isfile(script):
+                    raise FileNotFoundError("no such file")
+                layers.append(EnvLayer(f"script {Path(script).name}", source_script(script, so_far)))
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+                raise EnvScriptFailed(f"{node}: cannot source {script}: {e}",
+                                      hint="fix the path in the spec, or install what the script belongs to "
+                                      "in the image") from None
+            notes.append(f"sourced {script}")
+        so_far = build_env(base, layers).env
         a4ray_vars = {
             "PYTHONUNBUFFERED": "1",  # lines must stream, not arrive in 4 KiB blocks
             "A4RAY_NODE_RANK": str(request.node_rank),
             "A4RAY_ATTEMPT": str(request.attempt),  # > 0: a restart; resume from the latest checkpoint
-            "PYTHONPATH": _with_a4ray_on_path(base.get("PYTHONPATH")),
+            "PYTHONPATH": _with_a4ray_on_path(so_far.get("PYTHONPATH")),
         }
         if request.flight_recorder:  # defaults only: what the image or user sets wins
-            a4ray_vars.update({k: v for k, v in self._flight_recorder_env(request).items() if k not in base})
-        a4ray_layer = EnvLayer("a4ray", a4ray_vars)
-        launch_env = build_env(base, [gib, a4ray_layer, EnvLayer(workload_env_name, request.env),
-                                      EnvLayer("user", request.network.env)])
-        launch_env.notes.insert(0, gib_note)
+            a4ray_vars.update({k: v for k, v in _flight_recorder_env(request).items() if k not in so_far})
+        layers.append(EnvLayer("a4ray", a4ray_vars))
+        layers += [EnvLayer(workload_env_name, request.env), EnvLayer("user", request.network.env)]
+        launch_env = build_env(base, layers)
+        launch_env.notes[:0] = notes
         self._redactor.add(secret_values(launch_env.env))
+        self._env = launch_env.env
 
+        for path, content in request.files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(content)
         log_dir = Path(request.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
         node_log = log_dir / f"node-{request.node_rank:02d}.log"
         self._node_log = open(node_log, "a", buffering=1)
         report = launch_env.report(self._redactor)
         self._node_log.write("".join(f"# env {line}\n" for line in report))
+        if not request.argv:
+            self._node_log.write("# standby: serving exec requests until stopped\n")
+            self._standby.set()
+            return LaunchInfo(env_report=report, log_file=str(node_log), pid=-1)
         self._node_log.write(f"# argv {self._redactor.text(shlex.join(request.argv))}\n")
-
         self._process = ManagedProcess(
             request.argv, env=launch_env.env, cwd=request.cwd or None, launch_id=request.launch_id,
             on_line=self._on_line, grace_s=request.grace_s,
         )
         self._process.start()
         return LaunchInfo(env_report=report, log_file=str(node_log), pid=self._process.pid or -1)
+
+    def _reset(self, request: LaunchRequest) -> None:
+        """Forget the previous launch (its logs stay on disk); an exec'd command still running ends now."""
+        for leftover in self._execs.values():
+            if leftover.process.running:
+                leftover.process.terminate(request.grace_s)
+        self._close_logs()
+        self._request = request
+        self._output = _Output(_BUFFER_LINES)
+        self._records = []
+        self._process = None
+        self._execs = {}
+
+    def _close_logs(self) -> None:
+        for f in [self._node_log, *self._rank_logs.values()]:
+            if f is not None:
+                f.close()
+        self._node_log = None
+        self._rank_logs = {}
 
     def _on_line(self, raw: str) -> None:
         text = self._redactor.text(raw)
@@ -180,10 +293,7 @@ class NodeActor:
             except json.JSONDecodeError:
                 pass
         self._write_logs(text, body, local_rank)
-        with self._lock:
-            self._seq += 1
-            self._lines.append(Line(seq=self._seq, text=body, local_rank=local_rank, progress=progress))
-            self._lock.notify_all()
+        self._output.append(body, local_rank, progress)
 
     def _record(self, progress: Progress, local_rank: int | None) -> None:
         request = self._request
@@ -206,62 +316,89 @@ class NodeActor:
                 f = self._rank_logs[rank] = open(Path(self._request.log_dir) / f"rank-{rank:04d}.log", "a", buffering=1)
             f.write(body + "\n")
 
+    # ------------------------------------------------------------------ exec on demand
+    def exec_start(self, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None) -> int:
+        """Start `argv` on this node in the current launch's env (plus `env`); returns its exec id."""
+        if self._env is None or self._request is None:
+            raise RuntimeError("no launch on this node: exec runs in a launch's env (a standby launch will do)")
+        with self._exec_lock:
+            exec_id = len(self._execs) + 1
+            output = _Output(_EXEC_BUFFER_LINES)
+            tag = f"[exec {exec_id}]"
+
+            def on_line(raw: str) -> None:
+                text = self._redactor.text(raw)
+                if self._node_log:
+                    self._node_log.write(f"{tag} {text}\n")
+                output.append(text)
+
+            process = ManagedProcess(
+                argv, env={**self._env, **(env or {})}, cwd=cwd or self._request.cwd or None,
+                launch_id=f"{self._request.launch_id}-x{exec_id}", on_line=on_line,
+                grace_s=self._request.grace_s,
+            )
+            if self._node_log:
+                self._node_log.write(f"{tag} argv {self._redactor.text(' '.join(argv))}\n")
+            process.start()
+            self._execs[exec_id] = _Exec(process, output)
+        return exec_id
+
+    def exec_poll(self, exec_id: int, cursor: int, wait_s: float = 1.0) -> Poll:
+        run = self._execs[exec_id]
+        return run.output.poll(cursor, wait_s, lambda: run.process.running, lambda: run.process.returncode)
+
+    def exec_stop(self, exec_id: int, grace_s: float | None = None) -> int | None:
+        return self._execs[exec_id].process.terminate(grace_s)
+
     # ------------------------------------------------------------------ supervision
     def poll(self, cursor: int, wait_s: float = 1.0) -> Poll:
-        """Lines after `cursor`; waits up to `wait_s` for some. `exit_code` is set once the process has
-        ended and every line has been handed out."""
-        deadline = time.monotonic() + wait_s
-        with self._lock:
-            while self._seq <= cursor and self._running() and time.monotonic() < deadline:
-                self._lock.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
-            lines = [line for line in self._lines if line.seq > cursor]
-            oldest = self._lines[0].seq if self._lines else self._seq + 1
-            new_cursor = lines[-1].seq if lines else cursor
-            # The reader appends every line before it marks the process done, so once it is done,
-            # the buffer is complete.
-            finished = self._process is not None and not self._running() and new_cursor >= self._seq
-        return Poll(
-            lines=lines, cursor=new_cursor, dropped=max(0, oldest - cursor - 1) if lines else 0,
-            exit_code=self._process.returncode if finished else None, running=not finished,
-        )
+        """The launch's lines after `cursor` (see `_Output.poll`). A standby never ends by itself."""
+        exit_code = lambda: self._process.returncode if self._process else None  # noqa: E731
+        return self._output.poll(cursor, wait_s, self._live, exit_code)
 
     def _running(self) -> bool:
         return self._process is not None and self._process.running
 
+    def _live(self) -> bool:
+        return self._running() or self._standby.is_set()
+
     def stop(self, grace_s: float | None = None) -> int | None:
-        """Terminate the whole process tree of the launch (SIGTERM, wait, SIGKILL)."""
-        if self._process is None:
-            return None
-        return self._process.terminate(grace_s)
+        """Terminate the launch's whole process tree and every exec'd command (SIGTERM, wait, SIGKILL)."""
+        processes = [e.process for e in self._execs.values()]
+        if self._process is not None:
+            processes.append(self._process)
+        if processes:
+            with ThreadPoolExecutor(len(processes)) as pool:  # in parallel: one grace period, not N
+                list(pool.map(lambda p: p.terminate(grace_s), processes))
+        self._standby.clear()
+        self._output.wake()
+        return self._process.returncode if self._process else None
 
     def result(self) -> NodeRun:
         p = self._process
         if p is not None:
             p.wait(timeout=30)
-        with self._lock:
-            tail = [line.text for line in list(self._lines)[-40:]]
+        standby = self._request is not None and not self._request.argv
         return NodeRun(
             exit_code=p.returncode if p else None,
-            stopped=p.stopped if p else False,
             started_at=p.started_at if p else None,
             ended_at=p.ended_at if p else None,
-            last_lines=tail,
+            last_lines=self._output.tail(40),
             records=list(self._records),
             log_file=self._node_log.name if self._node_log else "",
+            standby=standby,
+            stopped=p.stopped if p else False,
         )
 
-    # ------------------------------------------------------------------ forensics
-    def _flight_recorder_env(self, request: LaunchRequest) -> dict[str, str]:
-        """PyTorch's NCCL flight recorder: kept on, dumped on an NCCL timeout or when its pipe is written."""
-        pipes = Path("/tmp") / f"a4ray-fr-{request.launch_id}"  # named pipes need a local filesystem
-        pipes.mkdir(parents=True, exist_ok=True)
-        return {
-            "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{request.log_dir}/flight-recorder/nccl_trace_rank_",
-            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{pipes}/pipe_",
-        }
+    def pids(self) -> list[int]:
+        """Live processes of the launch and of its exec'd commands (for forensics and tests)."""
+        found = []
+        for p in [self._process, *(e.process for e in self._execs.values())]:
+            if p is not None and p.pid is not None:
+                found += [proc.pid for proc in launch_processes(p.pid, p.launch_id)]
+        return sorted(set(found))
 
+    # ------------------------------------------------------------------ forensics and probes
     def rank_processes(self) -> list[tuple[str, int]]:
         """(rank, pid) of the launch's rank processes: those with RANK in their env (torchrun workers),
         else every Python process of the launch (labelled n<node>:pid<pid>)."""
@@ -274,17 +411,19 @@ class NodeActor:
             try:
                 env = proc.environ()
                 name = proc.name()
+                cmdline = " ".join(proc.cmdline())
             except psutil.Error:
                 continue
             if "RANK" in env and "LOCAL_RANK" in env:
                 ranked.append((env["RANK"], proc.pid))
-            elif name.startswith("python") and "torch.distributed.run" not in " ".join(proc.cmdline()):
+            elif name.startswith("python") and "torch.distributed.run" not in cmdline:
                 python.append((f"n{self._request.node_rank}:pid{proc.pid}", proc.pid))
         return sorted(ranked, key=lambda rp: int(rp[0])) if ranked else python
 
     def stacks(self, timeout_s: float = 30) -> list[StackDump]:
         """py-spy dumps of every rank process of the launch; also triggers the NCCL flight recorder."""
-        assert self._request is not None
+        if self._request is None:
+            return []
         for pipe in Path("/tmp", f"a4ray-fr-{self._request.launch_id}").glob("pipe_*"):
             try:  # writing to a rank's debug-info pipe makes it dump its NCCL flight recorder
                 fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
@@ -294,12 +433,6 @@ class NodeActor:
                 pass
         node = self._request.node_rank
         return dump_all([(rank, node, pid) for rank, pid in self.rank_processes()], timeout_s)
-
-    def pids(self) -> list[int]:
-        """Live processes of this launch (for forensics and tests)."""
-        if self._process is None or self._process.pid is None:
-            return []
-        return [p.pid for p in launch_processes(self._process.pid, self._process.launch_id)]
 
     def call(self, fn, *args, **kwargs):
         """Run `fn(*args, **kwargs)` on this node (preflight checks, probes) and return its result."""
@@ -320,3 +453,15 @@ def _with_a4ray_on_path(pythonpath: str | None) -> str:
         return pythonpath or ""  # installed: importable already; never put site-packages on PYTHONPATH
     parts = [p for p in (pythonpath or "").split(os.pathsep) if p and p != root]
     return os.pathsep.join([root, *parts])
+
+
+def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
+    """PyTorch's NCCL flight recorder: kept on, dumped on an NCCL timeout or when its pipe is written."""
+    pipes = Path("/tmp") / f"a4ray-fr-{request.launch_id}"  # named pipes need a local filesystem
+    pipes.mkdir(parents=True, exist_ok=True)
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{request.log_dir}/flight-recorder/nccl_trace_rank_",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{pipes}/pipe_",
+    }

@@ -36,7 +36,7 @@ class JobSpec(Spec):
     cluster: ClusterSpec = ClusterSpec()
     network: NetworkSpec = NetworkSpec()
     storage: StorageSpec = StorageSpec()
-    timeout_s: PositiveFloat | None = Field(None, description="wall-clock limit of the launch")
+    timeout_s: PositiveFloat | None = Field(None, description="wall-clock limit of a launch (each restart gets its own)")
     observe: ObserveSpec = ObserveSpec()
     restart: RestartSpec = RestartSpec()
     doctor: DoctorSpec = DoctorSpec()

@@ -8,7 +8,9 @@ from typing import ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from a4ray.runtime.gang import GangResult, Launch, NodeContext, describe_env_plan
+from a4ray.console import say
+from a4ray.errors import Cancelled, GangFailed
+from a4ray.runtime.gang import Gang, GangResult, Launch, NodeContext, Peer, describe_env_plan
 from a4ray.spec.job import JobSpec
 
 S = TypeVar("S", bound=JobSpec)
@@ -47,6 +49,7 @@ class Plan(BaseModel):
     nodes: list[NodePlan]
     rank_order: str
     env: list[str]
+    notes: list[str] = []
 
     def render(self) -> str:
         from a4ray.redact import Redactor, secret_values
@@ -58,10 +61,12 @@ class Plan(BaseModel):
             lines.append(f"node {node.rank}:")
             if node.cwd:
                 lines.append(f"  cd {node.cwd}")
-            lines.append("  " + shlex.join(node.argv))
+            lines.append("  " + (shlex.join(node.argv) if node.argv else "(standby: serves exec requests, "
+                                 "e.g. mpirun's daemons, until the other nodes' commands end)"))
             if node.env:
                 shown = Redactor(secret_values(node.env)).env(node.env)
                 lines.append("  env: " + " ".join(f"{k}={v}" for k, v in shown.items()))
+        lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
 
@@ -82,20 +87,33 @@ class Workload(ABC, Generic[S]):
     def launch(self, node: NodeContext) -> Launch:
         """The command one node runs."""
 
-    @abstractmethod
     def result(self, gang: GangResult) -> WorkloadResult:
-        """The typed result, parsed from what the nodes reported."""
+        """The typed result, parsed from what the nodes reported (used by the default `execute`)."""
+        raise NotImplementedError(f"{type(self).__name__}: override result() or execute()")
+
+    def execute(self, gang: Gang) -> WorkloadResult:
+        """Run the workload on a placed gang. One launch by default; a workload that needs several
+        (one per collective, node pairs, ...) overrides this."""
+        return self.result(run_launch(gang, self.launch, timeout_s=self.spec.timeout_s, env_name=self.spec.kind))
+
+    def plan_contexts(self) -> list[NodeContext]:
+        """Placeholder node contexts, computed from the spec alone (no cluster): for --dry-run."""
+        c = self.spec.cluster
+        peers = [Peer(rank=i, ip=f"<node-{i} ip>", hostname=f"<node-{i}>", actor=f"<node actor {i}>")
+                 for i in range(c.nodes)]
+        return [
+            NodeContext(
+                rank=rank, nnodes=c.nodes, gpus=c.gpus_per_node, master_addr="<node-0 ip>",
+                master_port="<free port on node 0>", ip=f"<node-{rank} ip>", hostname=f"<node-{rank}>",
+                log_dir="<run dir>/logs", run_dir="<run dir>", launch_id="<launch id>", peers=peers,
+                ray_address="<ray address>", namespace="<namespace>",
+            )
+            for rank in range(c.nodes)
+        ]
 
     def plan(self) -> Plan:
         c = self.spec.cluster
-        launches = [
-            self.launch(NodeContext(
-                rank=rank, nnodes=c.nodes, gpus=c.gpus_per_node, master_addr="<node-0 ip>",
-                master_port="<free port on node 0>", ip=f"<node-{rank} ip>", hostname=f"<node-{rank}>",
-                log_dir="<run dir>/logs", run_dir="<run dir>", launch_id="<launch id>",
-            ))
-            for rank in range(c.nodes)
-        ]
+        launches = [self.launch(ctx) for ctx in self.plan_contexts()]
         t = c.topology
         order = ("by IP" if t.order == "ip" else
                  f"by node labels {t.block_label}, {t.subblock_label}, {t.host_label}, then IP")
@@ -103,3 +121,15 @@ class Workload(ABC, Generic[S]):
         return Plan(job=self.spec.name, kind=self.spec.kind, rank_order=order, env=env,
                     nodes=[NodePlan(rank=i, argv=launch.argv, env=launch.env, cwd=launch.cwd)
                            for i, launch in enumerate(launches)])
+
+
+def run_launch(gang: Gang, build, **kwargs) -> GangResult:
+    """`gang.run(build, ...)`, with a failed launch returned as its (not ok) result instead of raised.
+    Errors before anything ran (placement, gIB, env scripts) and cancellation still raise."""
+    try:
+        return gang.run(build, **kwargs)
+    except GangFailed as failure:
+        if failure.result is None or isinstance(failure, Cancelled):
+            raise
+        say(f"FAILED: {failure}")
+        return failure.result

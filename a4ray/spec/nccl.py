@@ -1,0 +1,110 @@
+"""Spec of the network test: nccl-tests (or a4ray's torch benchmark) across the gang, with verdicts."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BeforeValidator, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+
+from a4ray.spec.base import Spec
+from a4ray.spec.job import JobSpec, job_kind
+from a4ray.spec.mpi import MpiSpec
+
+Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "alltoall"]
+COLLECTIVES: tuple[str, ...] = Collective.__args__  # type: ignore[attr-defined]
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from an int or from nccl-tests' notation: `1G` = 2**30 (K, M, G, T are powers of 1024)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 8G or 1048576")
+    if isinstance(value, int):
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError("expected a size such as 8G, 512M or 1048576")
+    return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
+
+
+def format_size(n: int) -> str:
+    for unit, scale in (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+Size = Annotated[PositiveInt, BeforeValidator(parse_size)]
+
+# Expected bus bandwidth (GB/s) at the largest size, by collective and node count (the entry with the
+# largest node count <= the gang's applies). For whole A4 nodes: 8 x B200, each with its own 400 Gb/s
+# ConnectX-7 RoCE NIC, so a node has 400 GB/s to the fabric and the ring/tree bound of all_reduce,
+# all_gather and reduce_scatter busbw across nodes is about 400 GB/s. The defaults are 75% of that
+# bound: far above what a TCP fallback or a dead rail gives, below what a healthy fabric reaches. They
+# are a starting point, not a measurement: set your fleet's figures here. alltoall has no default (its
+# bound depends on the node count and on what share of traffic stays on NVLink).
+A4_THRESHOLDS: dict[str, dict[int, float]] = {
+    "all_reduce": {2: 300.0},
+    "all_gather": {2: 300.0},
+    "reduce_scatter": {2: 300.0},
+}
+
+
+class NcclTestSpec(Spec):
+    collectives: list[Collective] = Field(
+        default_factory=lambda: list(COLLECTIVES), description="which collectives to measure, in this order"
+    )
+    min_bytes: Size = Field(parse_size("1G"), description="-b: smallest size (nccl-tests notation: 1G = 2^30)")
+    max_bytes: Size = Field(parse_size("8G"), description="-e: largest size; busbw here is the verdict's figure")
+    factor: int = Field(2, ge=2, description="-f: size multiplier between rows")
+    iters: PositiveInt = Field(5, description="-n: timed iterations per size")
+    warmup: NonNegativeInt = Field(5, description="-w: untimed iterations before each size")
+    dtype: Literal["float", "half", "bfloat16"] = "float"
+    check: bool = Field(True, description="-c: check results (the #wrong column)")
+    implementation: Literal["auto", "nccl-tests", "torch"] = Field(
+        "auto", description="auto: nccl-tests where its binaries and mpirun are on every node, else the "
+        "built-in torch.distributed benchmark (torchrun)",
+    )
+    binaries_dir: str = Field("/third_party/nccl-tests/build", description="where the *_perf binaries are")
+    cpu_min_bytes: Size = Field(parse_size("1M"), description="smallest size on CPU (gloo): a rehearsal")
+    cpu_max_bytes: Size = Field(parse_size("16M"), description="largest size on CPU (gloo): a rehearsal")
+    expect_transport: Literal["auto", "gib", "ib", "rdma", "socket", "any"] = Field(
+        "auto", description="what NCCL must use between nodes; auto: gib if network.gib=on, else rdma "
+        "(gIB or IB); any on simulated or single-node gangs",
+    )
+    thresholds: dict[Collective, dict[PositiveInt, PositiveFloat]] = Field(
+        default_factory=lambda: {k: dict(v) for k, v in A4_THRESHOLDS.items()},
+        description="minimum busbw (GB/s) at the largest size, by collective then node count (the largest "
+        "count <= the gang's applies); defaults: 75% of whole A4 nodes' bound; {} for none",
+    )
+    isolate: bool = Field(False, description="when the all-node result fails or is below threshold, test "
+                          "node pairs to name the slow or broken nodes")
+    isolate_ratio: float = Field(0.8, gt=0, le=1, description="a pair below this share of the best pair's busbw "
+                                 "is slow (used where no threshold applies)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if not self.collectives:
+            raise ValueError("collectives: name at least one")
+        if len(set(self.collectives)) != len(self.collectives):
+            raise ValueError("collectives: each at most once")
+        for low, high in (("min_bytes", "max_bytes"), ("cpu_min_bytes", "cpu_max_bytes")):
+            if getattr(self, low) > getattr(self, high):
+                raise ValueError(f"{low} ({format_size(getattr(self, low))}) is above {high} "
+                                 f"({format_size(getattr(self, high))})")
+        return self
+
+    def threshold(self, collective: str, nodes: int) -> float | None:
+        table = self.thresholds.get(collective, {})  # type: ignore[call-overload]
+        counts = [n for n in table if n <= nodes]
+        return table[max(counts)] if counts else None
+
+
+@job_kind
+class NcclTestJob(JobSpec):
+    kind: Literal["nccl_test"] = "nccl_test"
+    timeout_s: PositiveFloat | None = Field(1800, description="per launch: a broken fabric often hangs NCCL")
+    nccl: NcclTestSpec = NcclTestSpec()
+    mpi: MpiSpec = MpiSpec()
