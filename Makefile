@@ -22,11 +22,12 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ]; then (apt-get install -y -q $(APT_PACKAGES) || (apt-get update -q && apt-get install -y -q $(APT_PACKAGES))) >/dev/null; \
 	  else echo "install as root: apt-get install -y $(APT_PACKAGES)"; exit 1; fi; fi
 
-# The main job, rehearsed on an embedded local Ray cluster of simulated A4 nodes.
+# The main job, rehearsed on an embedded local Ray cluster of simulated A4 nodes (jobs/qwen3_next_local.yaml):
+# stage the tiny stand-ins, preflight, train with the built-in trainer on 2 nodes; then the A4 commands.
 rehearsal: install
-	$(PY) -m a4ray.ddp_test --local-nodes 2 --gpus-per-node 2
+	$(PY) -m a4ray.qwen3_next
 
-# Stage the tiny local stand-ins of the Qwen3-Next inputs on an embedded cluster (twice: the second is cached).
+# Only the stage step of the rehearsal: make the stand-ins and stage them (run it again: all cached).
 rehearsal-stage: install
 	$(VENV)/bin/a4ray standins
 	$(VENV)/bin/a4ray stage -f jobs/qwen3_next_local.yaml

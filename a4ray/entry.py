@@ -45,8 +45,13 @@ def _write_json(path: str, data: str) -> None:
 def job_main(kind: str, argv: list[str] | None = None, *, description: str | None = None,
              args: argparse.Namespace | None = None) -> int:
     from a4ray.runner import run, workload_for
-    from a4ray.spec import load_job
+    from a4ray.spec import JOB_KINDS, RecipeJob, load_job
 
+    spec_class = JOB_KINDS.get(kind)
+    if spec_class is not None and issubclass(spec_class, RecipeJob):  # a pipeline of steps, not one launch
+        from a4ray.pipeline.entry import pipeline_main
+
+        return pipeline_main(kind, argv, description=description, args=args)
     if args is None:
         parser = argparse.ArgumentParser(prog=f"python -m a4ray.{kind}", description=description)
         args = add_job_options(parser).parse_args(argv)

@@ -114,3 +114,13 @@ class StagingFailed(A4RayError):
     def __init__(self, message: str, *, result=None, hint: str | None = None):
         self.result = result
         super().__init__(message, hint=hint)
+
+
+class StepError(A4RayError):
+    """A pipeline step cannot run or did not finish: names the step, and what is missing or failed."""
+
+    exit_code = 1
+
+    def __init__(self, step: str, message: str, *, hint: str | None = None):
+        self.step = step
+        super().__init__(f"step {step}: {message}", hint=hint)

@@ -6,6 +6,7 @@ The `python -m a4ray.<workload>` modules, the `a4ray` CLI and the notebook API a
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from a4ray.console import say
 from a4ray.observe import metrics
@@ -38,15 +39,17 @@ def run(spec: JobSpec, *, address: str | None = None, local_nodes: int | None = 
         say(f"run directory: {run_dir.root}")
         run_dir.write("spec.yaml", spec.to_yaml())
         run_dir.write("plan.json", work.plan())
-        result = _run_attempts(spec, work, run_dir)
+        result = run_attempts(spec, work, run_dir)
         run_dir.write("result.json", result)
         say(f"logs: {run_dir.logs} (one file per node and per rank)")
     return result
 
 
-def _run_attempts(spec: JobSpec, work: Workload, run_dir: RunDir) -> WorkloadResult:
+def run_attempts(spec: JobSpec, work: Workload, run_dir: RunDir, *,
+                 log_dir: Path | None = None) -> WorkloadResult:
     """Execute on a gang, and again on a fresh gang (a lost node replaced by a free one) while the
-    restart policy allows. Each attempt gets `spec.timeout_s`."""
+    restart policy allows. Each attempt gets `spec.timeout_s`. Also a pipeline's train step (its logs
+    under `log_dir`, default the run directory's `logs/`)."""
     attempt = 0
     while True:
         metrics.record_attempt(spec.name, run_dir.id, attempt)
@@ -54,7 +57,7 @@ def _run_attempts(spec: JobSpec, work: Workload, run_dir: RunDir) -> WorkloadRes
             note = work.resume_note()
             say(f"attempt {attempt}/{spec.restart.max_restarts}: relaunching on a new gang"
                 + (f"; {note}" if note else ""))
-        with Gang(spec, log_dir=str(run_dir.logs), run_dir=str(run_dir.root), attempt=attempt) as gang, \
+        with Gang(spec, log_dir=str(log_dir or run_dir.logs), run_dir=str(run_dir.root), attempt=attempt) as gang, \
                 sigterm_as_interrupt():
             result = work.execute(gang)
         if result.gang is None:

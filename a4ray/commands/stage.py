@@ -1,5 +1,7 @@
 """`a4ray stage -f SPEC`: stage a job's artifacts (models, datasets, code) onto the workspace, exactly once.
 
+SPEC is a `kind: stage` spec or any job with `artifacts:` (a recipe: what its stage step stages).
+
 Also `a4ray standins`: make the tiny local stand-ins (checkpoints, Megatron corpus, Alpaca JSON) that
 `jobs/qwen3_next_local.yaml` stages on an embedded cluster.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from a4ray.entry import add_job_options, shorthand_sets
 
@@ -29,12 +32,19 @@ def main_args(args: argparse.Namespace) -> int:
     from a4ray.console import say
     from a4ray.errors import A4RayError, SpecError, StagingFailed
     from a4ray.redact import redact
-    from a4ray.spec import load_job
+    from a4ray.spec import Staged, load_job
+    from a4ray.spec.loader import parse_yaml
     from a4ray.staging.api import plan, stage
 
     try:
         sets = shorthand_sets(args) + (["staging.replace=true"] if getattr(args, "replace", False) else [])
-        spec = load_job(args.config, sets, kind="stage")
+        kind = "stage"  # or the kind of the file given: any job that stages artifacts (a recipe: its stage step)
+        if args.config and Path(args.config).is_file():
+            kind = (parse_yaml(Path(args.config).read_text(), args.config) or {}).get("kind") or "stage"
+        spec = load_job(args.config, sets, kind=kind)
+        if not isinstance(spec, Staged):
+            raise SpecError(spec.source, [f"kind: a {spec.kind!r} job stages nothing (no artifacts: section)"],
+                            hint="pass a stage spec or a recipe, e.g. jobs/qwen3_next.yaml")
         if not spec.artifacts:
             raise SpecError(spec.source, ["artifacts: nothing to stage"],
                             hint="pass -f with a stage spec that lists artifacts, e.g. jobs/qwen3_next_local.yaml")
@@ -64,8 +74,6 @@ def main_args(args: argparse.Namespace) -> int:
 
 def _write_result(path: str | None, text: str) -> None:
     if path:
-        from pathlib import Path
-
         from a4ray.redact import redact
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -85,6 +85,12 @@ def _summary() -> str:
     return f"{len(nodes)} node(s), {gpus} GPU(s)"
 
 
+def will_embed(address: str | None = None) -> bool:
+    """Whether `connect(address)` would start an embedded local cluster: no Ray session in this process, no
+    --address, no RAY_ADDRESS, and no Ray cluster running on this machine."""
+    return not (ray.is_initialized() or address or os.environ.get("RAY_ADDRESS") or _running_local_address())
+
+
 def connect(address: str | None = None, *, cluster: ClusterSpec | None = None, local_nodes: int | None = None,
             dashboard: bool = False) -> Connection:
     cluster = cluster or ClusterSpec()

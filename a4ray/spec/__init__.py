@@ -10,9 +10,11 @@ from a4ray.spec.kuberay import KubeRaySpec
 from a4ray.spec.loader import load_job, parse_sets
 from a4ray.spec.mpi import MpiSpec
 from a4ray.spec.nccl import NcclTestJob, NcclTestSpec
+from a4ray.spec.recipes import Qwen3Job, Qwen3NextJob, RecipeJob, SwiftDPOJob
 
 __all__ = [
     "JOB_KINDS", "ArtifactSpec", "ClusterJob", "ClusterSpec", "CommandJob", "CommandSpec", "DDPTestJob", "DDPTestSpec",
     "DeepEPJob", "DeepEPSpec", "JobSpec", "KubeRaySpec", "MpiSpec", "NcclTestJob", "NcclTestSpec", "NetworkSpec",
-    "StageJob", "Staged", "StagingOptions", "StorageSpec", "TopologySpec", "job_kind", "load_job", "parse_sets",
+    "Qwen3Job", "Qwen3NextJob", "RecipeJob", "StageJob", "Staged", "StagingOptions", "StorageSpec", "SwiftDPOJob",
+    "TopologySpec", "job_kind", "load_job", "parse_sets",
 ]

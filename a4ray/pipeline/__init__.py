@@ -1,0 +1,183 @@
+"""Pipelines: a recipe's steps, in order, on one cluster connection, recorded in one run directory.
+
+    from a4ray.pipeline import run
+    from a4ray.spec import load_job
+
+    result = run(load_job("jobs/qwen3_next.yaml", ["train.mode=sft"]))
+    [(s.name, s.status) for s in result.steps]   # [("stage", "cached"), ("convert", "ran"), ...]
+
+Each step reports ran | cached | skipped (or failed) and its duration. `pipeline.skip` / `pipeline.start`
+(--skip, --from) skip steps; a skipped step's outputs must exist, and the missing ones are named. A rerun
+after a failure redoes nothing that finished: staging and conversion are cached by what they produced,
+the train step by a marker next to its output, and an interrupted training resumes from its newest
+checkpoint. `<workspace>/runs/<job>-<time>-<id>/` holds the resolved spec, the plan, the logs (per step,
+node and rank) and `result.json`, rewritten after every step.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel
+
+from a4ray.console import say, table
+from a4ray.errors import A4RayError, Cancelled, SpecError
+from a4ray.pipeline import nodefs
+from a4ray.pipeline.steps import Context, Step, StepResult, failed, steps_of, train_workload
+from a4ray.rundir import RunDir
+from a4ray.runtime.connect import connect
+from a4ray.runtime.signals import sigterm_as_interrupt
+from a4ray.spec.recipes import STEPS, RecipeJob
+
+__all__ = ["PipelineResult", "StepResult", "check", "plan", "run"]
+
+
+class PipelineResult(BaseModel):
+    kind: str
+    job: str
+    ok: bool
+    verdict: str
+    run_dir: str = ""
+    workspace: str = ""
+    cancelled: bool = False
+    steps: list[StepResult] = []
+
+    def table(self) -> str:
+        rows = [[s.name, s.status, f"{s.seconds:.1f}s" if s.status not in ("not-run",) else "-", s.runs,
+                 _first_line(s.detail)] for s in self.steps]
+        return table(f"pipeline {self.job}", ["step", "status", "time", "runs", "detail"], rows)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 130 if self.cancelled else 1
+
+
+def _first_line(text: str, width: int = 110) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def check(spec: RecipeJob) -> None:
+    """Refuse, before anything runs, what a step would reject later (the train step's configuration)."""
+    if spec.pipeline.start in spec.pipeline.skip:
+        raise SpecError(spec.source, [f"pipeline.start={spec.pipeline.start} is also in pipeline.skip"])
+    if not spec.pipeline.skipped("train"):
+        train_workload(spec, spec.storage.workspace).check()
+
+
+def plan(spec: RecipeJob, workspace: str | None = None) -> str:
+    """What `run(spec)` would do, from the spec alone (nothing runs, no cluster): for --dry-run."""
+    check(spec)
+    ws = workspace or spec.storage.workspace
+    where = "" if workspace else f" (on an embedded local cluster: {spec.storage.local_workspace})"
+    c = spec.cluster
+    lines = [f"pipeline {spec.name!r} ({spec.kind}): {' -> '.join(STEPS)} on {c.nodes} node(s) x "
+             f"{c.gpus_per_node} GPU(s) ({c.machine_type}); workspace {ws}{where}"]
+    for step in steps_of(spec):
+        reason = _skip_reason(spec, step) or step.not_needed()
+        lines.append(f"\n[{step.name}] " + (f"skipped: {reason}" if reason else step.runs()))
+        if spec.pipeline.skipped(step.name) and not step.not_needed():
+            lines += [f"  must exist: {what}: {path}" for what, path in step.outputs(ws).items()]
+        elif not reason:
+            lines += [f"  {line}" for line in step.plan(ws)]
+    return "\n".join(lines)
+
+
+def _skip_reason(spec: RecipeJob, step: Step) -> str | None:
+    p = spec.pipeline
+    if step.name in p.skip:
+        return f"--skip {step.name}"
+    if p.skipped(step.name):
+        return f"--from {p.start}"
+    return None
+
+
+def run(spec: RecipeJob, *, address: str | None = None, local_nodes: int | None = None,
+        dashboard: bool = False) -> PipelineResult:
+    """Run the pipeline of `spec`. A step that fails ends it with `ok=False` (later steps `not-run`); errors
+    before any step ran (spec, cluster) raise; Ctrl-C / `ray job stop` records the run, then raises."""
+    check(spec)
+    with connect(address, cluster=spec.cluster, local_nodes=local_nodes, dashboard=dashboard) as conn, \
+            sigterm_as_interrupt():
+        workspace = conn.workspace(spec.storage.workspace, spec.storage.local_workspace)
+        if conn.simulated:
+            workspace.mkdir(parents=True, exist_ok=True)
+        run_dir = RunDir.create(workspace, spec.name)
+        say(f"run directory: {run_dir.root}")
+        run_dir.write("spec.yaml", spec.to_yaml())
+        run_dir.write("plan.txt", plan(spec, str(workspace)))
+        ctx = Context(spec=spec, workspace=str(workspace), run_dir=run_dir)
+        result = PipelineResult(kind=spec.kind, job=spec.name, ok=False, verdict="running", run_dir=str(run_dir.root),
+                                workspace=str(workspace))
+        steps = steps_of(spec)
+        t_start = time.monotonic()
+        try:
+            for index, step in enumerate(steps):
+                outcome = _run_step(step, ctx)
+                result.steps.append(outcome)
+                run_dir.write("result.json", result)
+                if outcome.status == "failed":
+                    result.steps += _not_run(steps[index + 1:])
+                    break
+        except KeyboardInterrupt:
+            done = {s.name for s in result.steps}
+            result.steps += _not_run([s for s in steps if s.name not in done])
+            result.cancelled = True
+            result.verdict = "CANCELLED (Ctrl-C or `ray job stop`); run again to resume"
+            run_dir.write("result.json", result)
+            raise
+        result.ok = all(s.status in ("ran", "cached", "skipped") for s in result.steps)
+        result.verdict = _verdict(result, time.monotonic() - t_start)
+        run_dir.write("result.json", result)
+        say(f"logs: {run_dir.logs}; result: {run_dir.root / 'result.json'}")
+    return result
+
+
+def _not_run(steps: list[Step]) -> list[StepResult]:
+    return [StepResult(name=s.name, status="not-run", runs=s.runs()) for s in steps]
+
+
+def _run_step(step: Step, ctx: Context) -> StepResult:
+    spec, t0 = ctx.spec, time.monotonic()
+    try:
+        skip = _skip_reason(spec, step)
+        not_needed = step.not_needed()
+        if skip:
+            detail = skip
+            if not_needed:
+                detail += f" (not needed anyway: {not_needed})"
+            else:
+                lost = nodefs.missing(spec.cluster, step.outputs(ctx.workspace))
+                if lost:
+                    raise A4RayError(f"step {step.name} is skipped ({skip}), but its outputs are missing: "
+                                     + "; ".join(lost), hint=f"run the {step.name} step (drop {skip})")
+                step.adopt(ctx)
+                if step.outputs(ctx.workspace):
+                    detail += f"; its outputs are there ({len(step.outputs(ctx.workspace))} checked)"
+            say(f"step {step.name}: skipped: {detail}")
+            return StepResult(name=step.name, status="skipped", seconds=time.monotonic() - t0, runs=step.runs(),
+                              detail=detail)
+        if not_needed:
+            say(f"step {step.name}: skipped: {not_needed}")
+            return StepResult(name=step.name, status="skipped", runs=step.runs(), detail=not_needed)
+        say(f"step {step.name}: {step.runs()}")
+        outcome = step.run(ctx)
+    except KeyboardInterrupt:
+        raise
+    except Cancelled:
+        raise KeyboardInterrupt from None
+    except Exception as error:  # noqa: BLE001 - a step's failure is recorded and ends the pipeline
+        outcome = failed(step.name, error, time.monotonic() - t0, step.runs())
+        say(f"step {step.name}: FAILED: {outcome.detail}")
+        return outcome
+    outcome.seconds, outcome.runs = time.monotonic() - t0, step.runs()
+    say(f"step {step.name}: {outcome.status} in {outcome.seconds:.1f}s: {_first_line(outcome.detail, 200)}")
+    return outcome
+
+
+def _verdict(result: PipelineResult, seconds: float) -> str:
+    if result.ok:
+        return "OK: " + ", ".join(f"{s.name} {s.status}" for s in result.steps) + f" in {seconds:.1f}s"
+    bad = next(s for s in result.steps if s.status == "failed")
+    return f"FAILED at {bad.name}: {_first_line(bad.detail, 300)}"
+

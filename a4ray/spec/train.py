@@ -1,0 +1,169 @@
+"""Specs of the train step: what every trainer shares (mode, data, batch sizes, schedule, output) and each
+trainer's own section: Pai-Megatron-Patch (`pai:`), a4ray's built-in torch trainer (`torch:`), ms-swift.
+
+Paths are relative to the workspace (shared storage on A4, the local workspace on an embedded cluster)
+unless absolute.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+
+from a4ray.spec.base import Arg, EnvVars, Spec
+
+
+class ParallelSpec(Spec):
+    """Megatron parallelism. Data parallelism is what is left: GPUs / (tp * pp * cp)."""
+
+    tp: PositiveInt = Field(1, description="tensor parallel")
+    pp: PositiveInt = Field(1, description="pipeline parallel")
+    cp: PositiveInt = Field(1, description="context parallel")
+    ep: PositiveInt = Field(1, description="expert parallel")
+    etp: PositiveInt = Field(1, description="expert tensor parallel")
+    sp: bool = Field(True, description="sequence parallel (takes effect only with tp > 1)")
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.cp
+
+
+class PaiSpec(Spec):
+    """Pai-Megatron-Patch's `examples/<model>/run_mcore_qwen3.sh`: the fields its 27 positional arguments and
+    its `MP_*` environment knobs are built from (a4ray/workloads/pai.py)."""
+
+    repo: str = Field("Pai-Megatron-Patch", description="the staged, pinned checkout (with its Megatron-LM submodules)")
+    script: str = Field("examples/qwen3_next/run_mcore_qwen3.sh", description="the run script, relative to the repo")
+    model_size: str = Field("A3B", description="MODEL_SIZE: a size the script defines (qwen3_next: A3B)")
+    load: str = Field("", description="PRETRAIN_CHECKPOINT_PATH: the Megatron checkpoint (with the HF tokenizer "
+                      "files) to start from; default: the convert step's output")
+    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    parallel: ParallelSpec = ParallelSpec(ep=8)
+    distributed_optimizer: bool = Field(True, description="DO: --use-distributed-optimizer (ZeRO-1)")
+    flash_attention: bool = Field(True, description="FL: flash attention (true) or TE fused attention (false)")
+    recompute: Literal["sel", "full", "offload", "none"] = Field("none", description="AC: activation checkpointing")
+    recompute_layers: PositiveInt | None = Field(None, description="MP_AC_LAYERS: layers per recompute/offload "
+                                                 "chunk for recompute=full|offload (Pai's default: 1)")
+    optimizer_offload: float | None = Field(None, gt=0, le=1, description="OPTIMIZER_OFFLOAD: the fraction of the "
+                                            "optimizer kept on the CPU (None: off); needs distributed_optimizer")
+    pad_len: PositiveInt | None = Field(None, description="PAD_LEN (--max-padding-length): what JSON SFT samples "
+                                        "are padded to; default: train.seq_len")
+    sft_packing: bool = Field(False, description="MP_SFT_PACKING: packed SFT samples (reset position ids)")
+    virtual_pipeline_layers: PositiveInt | None = Field(None, description="MP_VP: layers per virtual pipeline stage")
+    first_stage_layers: PositiveInt | None = Field(None, description="MP_PP0_LAYERS: layers of the first pipeline "
+                                                   "stage (uneven split; needs pp > 1)")
+    omp_num_threads: PositiveInt = 12
+    env: EnvVars = Field(default_factory=dict, description="extra environment of the run script")
+
+
+class TorchTrainerSpec(Spec):
+    """a4ray's built-in trainer (a4ray/trainer): a Hugging Face causal LM under DDP; the local rehearsal's
+    trainer, and on A4 a cheap canary of data, checkpoint and fabric before the expensive job."""
+
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl on GPUs, gloo on CPU")
+    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 autocast on GPUs, fp32 on CPU")
+    num_layers: PositiveInt | None = Field(None, description="keep only the first N layers of the model (a canary "
+                                           "of a model too large to train whole under DDP)")
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: PositiveFloat = 1.0
+    seed: int = 1234
+    keep_checkpoints: PositiveInt = Field(2, description="checkpoints kept (the newest)")
+    threads: PositiveInt | None = Field(None, description="CPU threads per rank (default: CPUs / local ranks)")
+
+
+class TrainSpec(Spec):
+    """The train step of the Pai recipes (`a4ray.qwen3_next`, `a4ray.qwen3`)."""
+
+    trainer: Literal["pai", "torch"] = Field("pai", description="pai: Pai-Megatron-Patch; torch: the built-in trainer")
+    mode: Literal["pretrain", "sft"] = "pretrain"
+    sft_data: Literal["json", "mmap"] = Field(
+        "json", description="sft: the Alpaca JSON (Pai's MP_DATASET_TYPE=raw) or an SFT idxmap (train.sft_mmap)")
+    model: str = Field("", description="the Hugging Face checkpoint: the converter's input, the torch trainer's model")
+    pretrain_data: str = Field("datasets/qwen-mmap/mmap_qwen3_datasets_text_document",
+                               description="Megatron indexed dataset prefix (.bin/.idx) for pretraining")
+    sft_json: str = "datasets/alpaca/alpaca_zh-train-general.json"
+    sft_json_valid: str = "datasets/alpaca/alpaca_zh-valid-general.json"
+    sft_mmap: str = Field("", description="SFT idxmap prefix (Pai's toolkits/sft_data_preprocessing output)")
+    micro_batch_size: PositiveInt = 1
+    global_batch_size: PositiveInt | None = Field(None, description="default: micro_batch_size x data-parallel size")
+    lr: PositiveFloat = 1e-5
+    min_lr: float = Field(1e-6, ge=0)
+    seq_len: PositiveInt = 1024
+    iterations: PositiveInt = Field(100, description="training iterations (Pai pretraining takes tokens: a4ray "
+                                    "passes iterations x global batch x seq_len)")
+    warmup_iterations: NonNegativeInt = 10
+    save_interval: PositiveInt = 1000
+    log_interval: PositiveInt = Field(1, description="torch trainer: iterations between log lines")
+    output: str = Field("", description="where logs, TensorBoard and checkpoints go (Pai's OUTPUT_BASEPATH); "
+                        "default: logs/output_<trainer>_<job kind>_<mode>")
+    pai: PaiSpec = PaiSpec()
+    torch: TorchTrainerSpec = TorchTrainerSpec()
+
+    @model_validator(mode="after")
+    def _schedule(self) -> Self:
+        if self.warmup_iterations >= self.iterations:
+            raise ValueError(f"train.warmup_iterations={self.warmup_iterations} must be below train.iterations="
+                             f"{self.iterations} (the learning rate decays over the iterations after warmup)")
+        if self.min_lr > self.lr:
+            raise ValueError(f"train.min_lr={self.min_lr:g} is above train.lr={self.lr:g}")
+        return self
+
+    @property
+    def data(self) -> str:
+        """The training data path the mode reads."""
+        if self.mode == "pretrain":
+            return self.pretrain_data
+        return self.sft_json if self.sft_data == "json" else self.sft_mmap
+
+
+class SwiftTrainSpec(Spec):
+    """ms-swift's `megatron rlhf --rlhf_type dpo` (a4ray/workloads/swift.py builds the flags for `version`)."""
+
+    trainer: Literal["swift"] = "swift"
+    version: str = Field("3.8.0", pattern=r"^\d+\.\d+(\.\d+)?$", description="the ms-swift version in the image: "
+                         "< 3.12 trains from an mcore checkpoint (--load), 3.12+ and 4.x from the HF weights (--model)")
+    model: str = Field("ckpts/huggingface/Qwen3-30B-A3B-Instruct-2507", description="the Hugging Face checkpoint")
+    load: str = Field("", description="ms-swift < 3.12: the mcore checkpoint for --load; default: the convert output")
+    dataset: list[str] = Field(default_factory=lambda: ["AI-ModelScope/orpo-dpo-mix-40k"],
+                               description="ModelScope/HF dataset ids or staged paths (relative to the workspace)")
+    split_dataset_ratio: float = Field(0.01, ge=0, lt=1)
+    packing: bool = Field(True, description="pack samples (DPO packing needs ms-swift >= 3.8)")
+    parallel: ParallelSpec = ParallelSpec(tp=4, ep=8, etp=1)
+    moe_permute_fusion: bool = True
+    moe_grouped_gemm: bool = True
+    moe_shared_expert_overlap: bool = True
+    moe_aux_loss_coeff: float = Field(1e-3, ge=0)
+    micro_batch_size: PositiveInt = 1
+    global_batch_size: PositiveInt = 4
+    recompute: Literal["full", "selective", "none"] = "full"
+    recompute_method: Literal["uniform", "block"] = "uniform"
+    recompute_num_layers: PositiveInt = 1
+    epochs: PositiveInt = 1
+    iterations: PositiveInt | None = Field(None, description="--train_iters (instead of whole epochs)")
+    finetune: bool = True
+    cross_entropy_loss_fusion: bool = True
+    lr: PositiveFloat = 1e-5
+    lr_warmup_fraction: float = Field(0.05, ge=0, lt=1)
+    min_lr: float = Field(1e-6, ge=0)
+    output: str = Field("megatron_output/Qwen3-30B-A3B-Instruct-2507", description="--save (3.x) / --output_dir (4.x)")
+    save_interval: PositiveInt = 200
+    eval_interval: PositiveInt = 200
+    max_length: PositiveInt = 8192
+    num_workers: PositiveInt = 8
+    dataset_num_proc: PositiveInt = 8
+    save_optim: bool = Field(False, description="false: --no_save_optim true")
+    save_rng: bool = Field(False, description="false: --no_save_rng true")
+    attention_backend: Literal["flash", "fused", "unfused", "auto"] = "flash"
+    optimizer_cpu_offload: bool = True
+    use_precision_aware_optimizer: bool = True
+    optimizer_offload_fraction: float = Field(1.0, gt=0, le=1)
+    beta: PositiveFloat = 0.1
+    rpo_alpha: float | None = Field(None, ge=0, description="None: not passed (ms-swift's default)")
+    loss_type: str = "sigmoid"
+    modelscope_cache: str = Field("modelscope-cache", description="MODELSCOPE_CACHE: must be shared storage on "
+                                  "multi-node runs (ms-swift: else dataset caches diverge and the run may hang)")
+    megatron_lm_path: str = Field("", description="MEGATRON_LM_PATH (ms-swift 3.x clones Megatron-LM without it)")
+    cuda_alloc_conf: str = Field("expandable_segments:True", description="PYTORCH_CUDA_ALLOC_CONF")
+    extra_args: list[Arg] = Field(default_factory=list, description="more `megatron rlhf` flags, appended as given")
+    env: EnvVars = Field(default_factory=dict)

@@ -1,0 +1,7 @@
+"""python -m a4ray.trainer: the built-in trainer (run it under torchrun; see a4ray.trainer.train)."""
+
+import sys
+
+from a4ray.trainer.train import main
+
+sys.exit(main())

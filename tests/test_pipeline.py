@@ -1,0 +1,193 @@
+"""The local rehearsal end to end: `python -m a4ray.qwen3_next` with no cluster (the README's main command).
+
+One run in its own embedded cluster of 2 simulated nodes: stand-ins staged with the real staging code,
+convert skipped with its reason, the doctor, and the built-in trainer over gloo, with one trainer rank
+killed after its first checkpoint: the restart policy relaunches the gang and training resumes from that
+checkpoint, the loss falls, and the A4 plan is printed. Then, on the session cluster, the same spec again:
+stage and train are cached; and `--skip` of a step whose outputs are missing fails naming them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from a4ray.pipeline.entry import pipeline_main
+from conftest import PYTHON, REPO, isolated_env
+
+pytestmark = pytest.mark.slow
+PROFILE = str(REPO / "jobs" / "qwen3_next_local.yaml")
+_ITERATION = re.compile(r"iteration\s+(\d+)/\s*(\d+) .*\| lm loss: ([0-9.E+-]+)")
+
+
+def _kill_a_rank_after_first_checkpoint(save: Path, killed: list, stop: threading.Event) -> None:
+    """SIGKILL the trainer process of rank 1 once iteration 10's checkpoint exists (a crashed GPU, say)."""
+    while not stop.is_set():
+        if (save / "iter_0000010").is_dir():
+            for proc in psutil.process_iter(["pid", "cmdline"]):
+                cmd = " ".join(proc.info["cmdline"] or [])
+                if "a4ray.trainer" in cmd and str(save) in cmd and "torch.distributed.run" not in cmd:
+                    try:
+                        if proc.environ().get("RANK") == "1":
+                            proc.kill()
+                            killed.append(proc.pid)
+                            return
+                    except psutil.Error:
+                        continue
+        time.sleep(0.05)
+
+
+def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_cluster, monkeypatch, capsys):
+    save = tmp_path / ".a4ray" / "logs" / "output_torch_qwen3_next_pretrain" / "checkpoint"
+    killed: list[int] = []
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_a_rank_after_first_checkpoint, args=(save, killed, stop), daemon=True)
+    killer.start()
+    cmd = [PYTHON, "-m", "a4ray.qwen3_next", "--set", "restart.max_restarts=1", "--set", "restart.backoff_s=1",
+           "--result", "r1.json"]
+    try:
+        run = subprocess.run(cmd, cwd=tmp_path, env=isolated_env(tmp_path), capture_output=True, text=True,
+                             timeout=420)
+    finally:
+        stop.set()
+    out = run.stdout
+    assert run.returncode == 0, out[-6000:] + run.stderr[-3000:]
+    assert killed, "the trainer finished before a rank could be killed"
+    assert f"local profile {PROFILE}" in out
+
+    result = json.loads((tmp_path / "r1.json").read_text())
+    steps = {s["name"]: s for s in result["steps"]}
+    assert [s["name"] for s in result["steps"]] == ["stage", "convert", "preflight", "train"]
+    assert [s["status"] for s in result["steps"]] == ["ran", "skipped", "ran", "ran"]
+    assert "trains from the Hugging Face checkpoint" in steps["convert"]["detail"]
+    assert "Ray tasks of the staging service" in steps["stage"]["runs"]
+    assert all(s["seconds"] > 0 for s in result["steps"] if s["status"] == "ran")
+
+    # The killed rank failed the gang; the restart relaunched it and the trainer resumed from a checkpoint.
+    train = steps["train"]["result"]
+    assert "attempt 1/1: relaunching on a new gang; the trainer resumes from checkpoint iteration" in out
+    resumed = train["start_iteration"]
+    assert resumed in (10, 20) and f"a4ray.trainer: resuming from checkpoint iteration {resumed}" in out
+    assert train["iterations"] == 30 and train["world_size"] == 2 and train["backend"] == "gloo"
+    run_dir = Path(result["run_dir"])
+    lines = [m.groups() for m in map(_ITERATION.search, (run_dir / "logs" / "train" / "rank-0000.log")
+                                                   .read_text().splitlines()) if m]
+    losses = {int(i): float(loss) for i, _, loss in lines}  # both attempts: 1..killed, then resumed..30
+    assert set(losses) == set(range(1, 31)) and losses[30] < losses[1] - 1.0, losses
+    assert (run_dir / "spec.yaml").is_file() and (run_dir / "plan.txt").is_file()
+    assert (run_dir / "logs" / "train" / "node-01.log").is_file()
+    final = save / "iter_0000030"
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "30"
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (final / "model").iterdir()}
+    assert (final / "trainer.pt").is_file() and train["checkpoint"] == str(final)
+
+    # What the same run launches on A4, node by node.
+    a4 = out[out.index("on A4, `python -m a4ray.qwen3_next`"):]
+    for rank in (0, 1):
+        assert (f"node {rank}: cd /mnt/Pai-Megatron-Patch/examples/qwen3_next && WORLD_SIZE=2 RANK={rank} "
+                f"KUBERNETES_CONTAINER_RESOURCE_GPU=8") in a4
+    assert a4.count("bash run_mcore_qwen3.sh dlc A3B 1 16 1e-05 1e-06 1024 1024 bf16 1 1 1 1 8 ") == 2
+    assert f"train: checkpoint: {final}" in out
+
+    # Again, on the session cluster: every step is current.
+    monkeypatch.chdir(tmp_path)
+    assert pipeline_main("qwen3_next", ["--config", PROFILE, "--skip", "preflight", "--result", "r2.json"]) == 0
+    again = json.loads((tmp_path / "r2.json").read_text())
+    assert [s["status"] for s in again["steps"]] == ["cached", "skipped", "skipped", "cached"]
+    assert "OK: 3 artifact(s) (3 cached)" in again["steps"][0]["detail"]
+    assert again["steps"][3]["detail"].startswith("finished ")
+
+    # --skip of a step whose outputs are missing: the pipeline stops there and names them.
+    capsys.readouterr()
+    assert pipeline_main("qwen3_next", ["--config", PROFILE, "--skip", "stage,convert", "--set", "train.trainer=pai",
+                                        "--set", "train.pai.parallel.ep=1", "--result", "r3.json"]) == 1
+    skipped = json.loads((tmp_path / "r3.json").read_text())
+    assert [s["status"] for s in skipped["steps"]] == ["skipped", "failed", "not-run", "not-run"]
+    assert skipped["steps"][0]["detail"] == "--skip stage; its outputs are there (5 checked)"
+    latest = tmp_path / ".a4ray" / "ckpts" / "huggingface" / "Qwen3-Next-tiny-to-mcore" / "latest"
+    assert skipped["steps"][1]["detail"] == (
+        f"step convert is skipped (--skip convert), but its outputs are missing: the converted checkpoint "
+        f"(convert.output/latest) ({latest}/latest_checkpointed_iteration.txt)\n  hint: run the convert step "
+        f"(drop --skip convert)")
+    assert "FAILED at convert: step convert is skipped" in capsys.readouterr().out
+
+
+def test_skipping_stage_in_an_empty_workspace_names_every_missing_artifact(tmp_path, local_cluster, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert pipeline_main("qwen3_next", ["--config", PROFILE, "--from", "preflight", "--result", "r.json"]) == 1
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert [s["status"] for s in result["steps"]] == ["failed", "not-run", "not-run", "not-run"]
+    detail = result["steps"][0]["detail"]
+    assert detail.startswith("step stage is skipped (--from preflight), but its outputs are missing: ")
+    ws = tmp_path / ".a4ray"
+    for what in (f"artifact qwen3-next-tiny (staged to ckpts/huggingface/Qwen3-Next-tiny) "
+                 f"({ws}/ckpts/huggingface/Qwen3-Next-tiny)",
+                 f"artifact pretrain-mmap: mmap_qwen3_datasets_text_document.idx "
+                 f"({ws}/datasets/qwen-mmap/mmap_qwen3_datasets_text_document.idx)",
+                 f"artifact sft-alpaca (staged to datasets/alpaca) ({ws}/datasets/alpaca)"):
+        assert what in detail
+    assert Path(result["run_dir"], "result.json").is_file()
+
+
+PAI_STUB = """#!/bin/bash
+# Stands in for Pai's run_mcore_qwen3.sh: reports what it was given, as the real one would read it.
+set -e
+echo "A4RAY_RESULT {\\"argc\\": $#, \\"env\\": \\"$1\\", \\"load\\": \\"${24}\\", \\"out\\": \\"${27}\\", \\
+\\"world\\": \\"$WORLD_SIZE\\", \\"rank\\": \\"$RANK\\", \\"gpus\\": \\"$KUBERNETES_CONTAINER_RESOURCE_GPU\\", \\
+\\"master\\": \\"$MASTER_ADDR:$MASTER_PORT\\", \\"cwd\\": \\"$(pwd)\\", \\"type\\": \\"$MP_DATASET_TYPE\\"}"
+echo " [2026-11-21 12:00:00] iteration        2/       2 | consumed samples: 4 | lm loss: 4.500000E+00 |"
+"""
+
+
+def test_pai_launch_on_the_nodes_gets_its_arguments_and_the_dlc_contract(tmp_path, local_cluster, monkeypatch):
+    """The train step with trainer pai on 2 simulated nodes, Pai's script replaced by a stub that reports what
+    it received: 27 arguments, WORLD_SIZE = nodes and RANK = node rank (not Ray's or torchrun's), its cwd;
+    and a model that is not the size the script hard-codes is refused before any launch."""
+    ws, ckpt = tmp_path / "ws", tmp_path / "ws" / "mcore" / "latest"
+    script = ws / "Pai-Megatron-Patch" / "examples" / "qwen3_next" / "run_mcore_qwen3.sh"
+    script.parent.mkdir(parents=True)
+    script.write_text(PAI_STUB)
+    ckpt.mkdir(parents=True)
+    for name in ("latest_checkpointed_iteration.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+                 "merges.txt"):
+        (ckpt / name).write_text("release" if name.startswith("latest") else "{}")
+    data = ws / "datasets" / "qwen-mmap" / "mmap_qwen3_datasets_text_document"
+    data.parent.mkdir(parents=True)
+    for ext in ("bin", "idx"):
+        Path(f"{data}.{ext}").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    common = ["--skip", "stage,convert,preflight", "--local-nodes", "2", "--gpus-per-node", "1",
+              "--set", f"storage.local_workspace={ws}", "--set", "artifacts=[]", "--set", "train.pai.parallel.ep=1",
+              "--set", "train.iterations=2", "--set", "train.warmup_iterations=1", "--set", "convert.output=mcore"]
+    assert pipeline_main("qwen3_next", [*common, "--set", "train.model=no-hf-checkpoint", "--result", "r.json"]) == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert [s["status"] for s in result["steps"]] == ["skipped", "skipped", "skipped", "ran"]
+    train = result["steps"][3]
+    assert train["detail"].startswith("PASS: Pai trained 2 iterations, lm loss 4.5; checkpoints in ")
+    records = [json.loads(line.split("A4RAY_RESULT ", 1)[1]) for node in (0, 1) for line in
+               (Path(result["run_dir"]) / "logs" / "train" / f"node-{node:02d}.log").read_text().splitlines()
+               if line.startswith("A4RAY_RESULT ")]
+    assert [(r["world"], r["rank"], r["gpus"]) for r in records] == [("2", "0", "1"), ("2", "1", "1")]
+    assert {r["argc"] for r in records} == {27} and {r["env"] for r in records} == {"dlc"}
+    assert {r["cwd"] for r in records} == {str(script.parent)} and {r["load"] for r in records} == {str(ckpt)}
+    assert records[0]["master"] == records[1]["master"] and records[0]["type"] == "idxmap"
+    assert {r["out"] for r in records} == {f"{ws}/logs/output_pai_qwen3_next_pretrain"}
+
+    # The tiny stand-in as train.model: its config is not Pai's A3B, refused with the field named.
+    hf = ws / "ckpts" / "huggingface" / "tiny"
+    hf.mkdir(parents=True)
+    (hf / "config.json").write_text(json.dumps({"architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 4,
+                                                "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                "num_experts": 8}))
+    assert pipeline_main("qwen3_next", [*common, "--set", "train.model=ckpts/huggingface/tiny", "--result",
+                                        "r2.json"]) == 1
+    refused = json.loads((tmp_path / "r2.json").read_text())["steps"][3]
+    assert refused["status"] == "failed" and "train.model: " in refused["detail"]
+    assert "layers 4 (the script's A3B: 48)" in refused["detail"] and "architecture" not in refused["detail"]
