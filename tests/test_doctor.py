@@ -22,6 +22,8 @@ def test_doctor_on_simulated_nodes(local_cluster, tmp_path):
         for name in ("/dev/shm", "disk", "workspace", "clock", "py-spy"):
             assert by[(node, name)].status == "ok", by[(node, name)]
     assert by[(0, "workspace")].detail == "writable, shared with node 1"
+    network = by[(None, "network")]  # a real all-reduce over the 3 nodes (gloo here: no NCCL to check)
+    assert network.status == "ok" and "all_reduce" in network.detail and "gloo, not NCCL" in network.detail
     assert result.verdict.startswith("PASS: ") and "on 3 node(s)" in result.verdict
     assert not list((tmp_path / PROBE_DIR).glob("*/*.probe")), "probes are cleaned up"
 
@@ -30,7 +32,7 @@ def test_doctor_names_the_node_that_cannot_write_the_workspace(local_cluster, tm
     # The nodes share this machine's disk; block the path only node sim-host-001 writes its probe under.
     (tmp_path / PROBE_DIR).mkdir()
     (tmp_path / PROBE_DIR / "sim-host-001").write_text("not a directory")
-    spec = job("ddp_test", "cluster.nodes=3", "cluster.gpus_per_node=2", workspace=tmp_path)
+    spec = job("ddp_test", "cluster.nodes=3", "cluster.gpus_per_node=2", "doctor.network=false", workspace=tmp_path)
     result = doctor(spec)
     assert not result.ok
     [failure] = result.failures

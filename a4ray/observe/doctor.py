@@ -216,6 +216,8 @@ def check_gang(gang, workspace: str, *, simulated: bool) -> DoctorResult:
 
     checks += _shared_storage(gang, workspace, hosts)
     checks += _clock_skew(gang, hosts, spec.doctor.max_clock_skew_s)
+    if spec.doctor.network:
+        checks.append(_network(gang))
     checks.sort(key=lambda c: -1 if c.node is None else c.node)  # stable: each node's rows together
 
     failures = [c for c in checks if c.status == "fail"]
@@ -274,6 +276,26 @@ def _clock_skew(gang, hosts: list[str], max_skew_s: float) -> list[Check]:
                             detail=f"skew {skew * 1000:+.0f} ms (+/- {uncertainty * 1000:.0f} ms) against the driver",
                             fix="sync the node's clock (chrony/NTP)" if status == "fail" else ""))
     return checks
+
+
+def _network(gang) -> Check:
+    """A short all-reduce over the whole gang with the nccl_test workload: NCCL's transport between nodes
+    (gIB/IB expected, a socket fallback fails) and busbw against nccl_test's all_reduce thresholds."""
+    from a4ray.spec.nccl import NcclTestJob
+    from a4ray.workloads.nccl_test import NcclTest
+
+    spec = gang.spec
+    size = spec.doctor.network_bytes
+    probe = NcclTestJob.model_validate({
+        **spec.model_dump(mode="json", include={"name", "cluster", "network", "storage"}), "kind": "nccl_test",
+        "timeout_s": 300, "nccl": {"collectives": ["all_reduce"], "min_bytes": size, "max_bytes": size,
+                                   "iters": 5, "warmup": 2, "implementation": "torch",
+                                   "cpu_min_bytes": "1M", "cpu_max_bytes": "1M"}})
+    result = NcclTest(probe).execute(gang)
+    status: Status = "ok" if result.ok else "fail"
+    return Check(node=None, host="all", name="network", status=status, detail=result.verdict.removeprefix("PASS: "),
+                 fix="" if result.ok else "run `python -m a4ray.nccl_test --set nccl.isolate=true` to name the "
+                 "slow or broken nodes")
 
 
 def report(result: DoctorResult) -> None:

@@ -72,3 +72,5 @@ class DoctorSpec(Spec):
     min_free_disk_gb: float = Field(20, ge=0, description="free space on the workspace below this is a failure")
     max_clock_skew_s: float = Field(2.0, gt=0, description="clock skew against the driver above this fails")
     network: bool = Field(True, description="run a short all-reduce over the gang and check NCCL's transport")
+    network_bytes: str = Field("1G", description="all-reduce size of the network check (nccl-tests notation); "
+                               "its busbw is held to nccl_test's all_reduce thresholds")
