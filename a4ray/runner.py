@@ -6,10 +6,8 @@ The `python -m a4ray.<workload>` modules, the `a4ray` CLI and the notebook API a
 from __future__ import annotations
 
 from a4ray.console import say
-from a4ray.errors import GangFailed
 from a4ray.rundir import RunDir
 from a4ray.runtime.connect import connect
-from a4ray.runtime.gang import Gang
 from a4ray.spec.job import JobSpec
 from a4ray.workloads import WORKLOADS
 from a4ray.workloads.base import Workload, WorkloadResult
@@ -24,8 +22,9 @@ def workload_for(spec: JobSpec) -> Workload:
 
 def run(spec: JobSpec, *, address: str | None = None, local_nodes: int | None = None,
         dashboard: bool = False) -> WorkloadResult:
-    """Run `spec` to completion. A failed launch returns a result with `ok=False` (and the gang's
-    failure); errors before anything ran (spec, cluster, placement, gIB) raise."""
+    """Run `spec` to completion (`Workload.execute`: by default one gang launch). A failed launch returns
+    a result with `ok=False` (and the gang's failure); errors before anything ran (spec, cluster,
+    placement, gIB) raise."""
     work = workload_for(spec)
     work.check()
     with connect(address, cluster=spec.cluster, local_nodes=local_nodes, dashboard=dashboard) as conn:
@@ -33,15 +32,7 @@ def run(spec: JobSpec, *, address: str | None = None, local_nodes: int | None = 
         say(f"run directory: {run_dir.root}")
         run_dir.write("spec.yaml", spec.to_yaml())
         run_dir.write("plan.json", work.plan())
-        with Gang(spec, log_dir=str(run_dir.logs), run_dir=str(run_dir.root)) as gang:
-            try:
-                gang_result = gang.run(work.launch, timeout_s=spec.timeout_s, env_name=spec.kind)
-            except GangFailed as failure:
-                if failure.result is None:
-                    raise
-                say(f"FAILED: {failure}")
-                gang_result = failure.result
-        result = work.result(gang_result)
+        result = work.execute(conn, run_dir)
         run_dir.write("result.json", result)
         say(f"logs: {run_dir.logs} (one file per node and per rank)")
     return result

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from a4ray.runtime.gang import GangResult, Launch, NodeContext, describe_env_plan
 from a4ray.spec.job import JobSpec
+
+if TYPE_CHECKING:
+    from a4ray.rundir import RunDir
+    from a4ray.runtime.connect import Connection
 
 S = TypeVar("S", bound=JobSpec)
 
@@ -77,6 +81,23 @@ class Workload(ABC, Generic[S]):
     @abstractmethod
     def result(self, gang: GangResult) -> WorkloadResult:
         """The typed result, parsed from what the nodes reported."""
+
+    def execute(self, conn: Connection, run_dir: RunDir) -> WorkloadResult:
+        """Run the workload on the connected cluster. The default: one gang launch of `launch` on every
+        node; workloads that are more than one launch (conversion: a cache check, Ray tasks) override it."""
+        from a4ray.console import say
+        from a4ray.errors import GangFailed
+        from a4ray.runtime.gang import Gang
+
+        with Gang(self.spec, log_dir=str(run_dir.logs), run_dir=str(run_dir.root)) as gang:
+            try:
+                gang_result = gang.run(self.launch, timeout_s=self.spec.timeout_s, env_name=self.spec.kind)
+            except GangFailed as failure:
+                if failure.result is None:
+                    raise
+                say(f"FAILED: {failure}")
+                gang_result = failure.result
+        return self.result(gang_result)
 
     def plan(self) -> Plan:
         c = self.spec.cluster
