@@ -1,0 +1,145 @@
+"""A Megatron checkpoint on disk, written without a model and without a process group.
+
+Layout (what Megatron-LM's `load_checkpoint` and mcore's `dist_checkpointing.load` read)::
+
+    <root>/latest_checkpointed_iteration.txt   "release" (a converted model, like Pai's converter writes)
+    <root>/release/metadata.json               torch_dist backend marker
+    <root>/release/common.pt                   args, checkpoint_version, iteration, content_metadata
+    <root>/release/.metadata                   torch.distributed.checkpoint (DCP) index: global shapes, chunks
+    <root>/release/__<k>_0.distcp              tensor data written by conversion part k
+    legacy format: <root>/release/mp_rank_00/model_optim_rng.pt (one file, TP=PP=EP=1)
+
+DCP saves in four steps: each rank plans its writes, the coordinator merges the plans into a global plan
+and the metadata, each rank writes its file, the coordinator writes `.metadata`. Here the ranks are Ray
+tasks and the coordinator is the driver: `global_plan` does the first two steps from the mapping alone
+(no tensors; DCP checks that the chunks tile every tensor), `write_part` the third inside a task, pulling
+each tensor from a producer only when it is written, and `finish` the fourth. Until `finish`, the
+directory has no `.metadata` and no tracker, so no reader takes a half-written checkpoint for a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.planner import (
+    SavePlan,
+    SavePlanner,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import WriteResult
+
+from a4ray.convert.mapping import Architecture, ExtraState, Naming, Slot
+
+RELEASE = "release"
+TRACKER = "latest_checkpointed_iteration.txt"
+CHECKPOINT_VERSION = 3.0  # Megatron-LM's current checkpoint_version (QKV layout of mcore)
+TORCH_DIST_MARKER = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                     "common_backend": "torch", "common_backend_version": 1}
+# What Megatron-LM 0.13+ records about how the sharded state dict was built; mcore's defaults.
+CONTENT_METADATA = {"singleton_local_shards": False}
+LEGACY_FILE = "mp_rank_00/model_optim_rng.pt"
+
+Producer = Callable[[WriteItem], "torch.Tensor | io.BytesIO"]
+
+
+def tensor_item(slot: Slot, arch: Architecture, naming: Naming, dtype: torch.dtype) -> WriteItem:
+    offsets, sizes = slot.chunk(arch)
+    return WriteItem(
+        index=MetadataIndex(slot.sharded_key(naming), torch.Size(offsets)),
+        type=WriteItemType.SHARD,
+        tensor_data=TensorWriteData(
+            chunk=ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes)),
+            properties=TensorProperties(dtype=dtype),
+            size=torch.Size(slot.global_shape(arch)),
+        ),
+    )
+
+
+def object_item(extra: ExtraState) -> WriteItem:
+    return WriteItem(index=MetadataIndex(extra.fqn), type=WriteItemType.BYTE_IO)
+
+
+def extra_state_bytes() -> io.BytesIO:
+    # mcore stores a ShardedObject as torch.save([obj]); None is what a module without FP8 state has,
+    # and what TE's set_extra_state accepts as "nothing to restore".
+    buffer = io.BytesIO()
+    torch.save([None], buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def global_plan(parts: list[list[WriteItem]]) -> tuple[list[SavePlan], Metadata]:
+    """The coordinator's half of planning: merged metadata, and each part's plan with its file prefix."""
+    planner = DefaultSavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False)
+    plans, metadata = planner.create_global_plan([SavePlan(items) for items in parts])
+    return FileSystemWriter(".").prepare_global_plan(plans), metadata
+
+
+class _PullPlanner(DefaultSavePlanner):
+    """Hands the writer each item's data when it asks for it, so a task holds one tensor at a time."""
+
+    def __init__(self, produce: Producer):
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.produce = produce
+
+    def resolve_data(self, write_item: WriteItem):
+        return self.produce(write_item)
+
+
+def write_part(release_dir: Path, plan: SavePlan, produce: Producer) -> list[WriteResult]:
+    """Write one part's file (`__<k>_0.distcp`, fsynced) and return where each item landed."""
+    writer = FileSystemWriter(release_dir, sync_files=True, thread_count=1)
+    writer.set_up_storage_writer(is_coordinator=False)
+    release_dir.mkdir(parents=True, exist_ok=True)
+    return writer.write_data(plan, _PullPlanner(produce)).value()
+
+
+def finish(release_dir: Path, metadata: Metadata, results: list[list[WriteResult]], args: argparse.Namespace) -> None:
+    """The coordinator's last step: `.metadata` (atomically, fsynced), `common.pt`, `metadata.json`."""
+    FileSystemWriter(release_dir, sync_files=True).finish(metadata, results)
+    torch.save({"args": args, "checkpoint_version": CHECKPOINT_VERSION, "iteration": 0,
+                "content_metadata": CONTENT_METADATA}, release_dir / "common.pt")
+    (release_dir / "metadata.json").write_text(json.dumps(TORCH_DIST_MARKER))
+
+
+def write_legacy(release_dir: Path, model_state: dict, args: argparse.Namespace) -> Path:
+    path = release_dir / LEGACY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"args": args, "checkpoint_version": CHECKPOINT_VERSION, "iteration": 0, "model": model_state}, path)
+    return path
+
+
+def write_tracker(root: Path) -> None:
+    (root / TRACKER).write_text(RELEASE)
+
+
+def megatron_args(arch: Architecture, dtype: torch.dtype, naming: Naming, fmt: str) -> argparse.Namespace:
+    """The `args` Megatron-LM keeps in a checkpoint, as its own argument parser would name them for this
+    model: `check_checkpoint_args` compares num_layers / hidden_size / num_attention_heads with the
+    trainer's, and `load_checkpoint` reads the parallel sizes to decide what to restore. Plain values only,
+    so `torch.load(weights_only=True)` with mcore's safe globals reads it."""
+    return argparse.Namespace(
+        num_layers=arch.layers, hidden_size=arch.hidden, ffn_hidden_size=arch.ffn or arch.moe_ffn,
+        num_attention_heads=arch.heads, num_query_groups=arch.groups, group_query_attention=arch.groups != arch.heads,
+        kv_channels=arch.head_dim, max_position_embeddings=arch.max_positions, padded_vocab_size=arch.vocab,
+        position_embedding_type="rope", add_position_embedding=True, rotary_base=int(arch.rope_theta),
+        normalization="RMSNorm", norm_epsilon=arch.norm_eps, swiglu=True, qk_layernorm=True,
+        add_bias_linear=False, untie_embeddings_and_output_weights=not arch.tied,
+        num_experts=arch.experts or None, moe_ffn_hidden_size=arch.moe_ffn or None,
+        moe_router_topk=arch.topk or None, moe_grouped_gemm=bool(arch.moe and naming == "te"),
+        bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        tensor_model_parallel_size=1, pipeline_model_parallel_size=1, expert_model_parallel_size=1,
+        world_size=1, data_parallel_size=1, ckpt_format="torch_dist" if fmt == "torch_dist" else "torch",
+        transformer_impl="transformer_engine" if naming == "te" else "local",
+        iteration=0, consumed_train_samples=0, consumed_valid_samples=0, no_save_optim=True, no_save_rng=True,
+    )
