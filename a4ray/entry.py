@@ -73,7 +73,9 @@ def job_main(kind: str, argv: list[str] | None = None, *, description: str | Non
     try:
         spec = load_job(args.config, shorthand_sets(args), kind=kind)
         if args.dry_run:
-            plan = workload_for(spec).plan()
+            work = workload_for(spec)
+            work.check()  # a dry run refuses what the run would refuse
+            plan = work.plan()
             print(plan.render(), flush=True)
             if args.result:
                 _write_json(args.result, plan.model_dump_json(indent=2))

@@ -39,6 +39,7 @@ class NodePlan(BaseModel):
     rank: int
     argv: list[str]
     env: dict[str, str] = {}
+    cwd: str | None = None
 
 
 class Plan(BaseModel):
@@ -58,6 +59,8 @@ class Plan(BaseModel):
         lines += [f"  {line}" for line in self.env]
         for node in self.nodes:
             lines.append(f"node {node.rank}:")
+            if node.cwd:
+                lines.append(f"  cd {node.cwd}")
             lines.append("  " + " ".join(node.argv))
             if node.env:
                 shown = Redactor(secret_values(node.env)).env(node.env)
@@ -114,4 +117,5 @@ class Workload(ABC, Generic[S]):
                  f"by node labels {t.block_label}, {t.subblock_label}, {t.host_label}, then IP")
         env = describe_env_plan(self.spec, launches[0].env if launches else {})
         return Plan(job=self.spec.name, kind=self.spec.kind, rank_order=order, env=env,
-                    nodes=[NodePlan(rank=i, argv=launch.argv, env=launch.env) for i, launch in enumerate(launches)])
+                    nodes=[NodePlan(rank=i, argv=launch.argv, env=launch.env, cwd=launch.cwd)
+                           for i, launch in enumerate(launches)])
