@@ -161,14 +161,17 @@ class OutputDir:
     def discard(self, tmp: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    def keep_failed(self, tmp: Path) -> Path:
+    def keep_failed(self, path: Path) -> Path:
         """Keep a checkpoint that failed verification for inspection, without its tracker file, so that
-        nothing loads it as a checkpoint."""
+        nothing loads it as a checkpoint (and `latest` no longer points at it)."""
         from a4ray.convert.writer import TRACKER
 
-        (tmp / TRACKER).unlink(missing_ok=True)
+        (path / TRACKER).unlink(missing_ok=True)
+        link = self.root / LATEST
+        if link.is_symlink() and link.resolve() == path.resolve():
+            link.unlink()
         target = self._failed_path("verify-failed")
-        tmp.rename(target)
+        path.rename(target)
         return target
 
 

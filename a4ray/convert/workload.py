@@ -7,6 +7,7 @@ written into a temporary directory, verified there, and only then renamed into p
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,9 +107,22 @@ class ConvertWorkload(Workload[ConvertJob]):
             details += self._native_details()
             return ConvertPlan(job=self.spec.name, kind=self.kind, nodes=[], rank_order="", env=[],
                                backend=c.backend, details=details)
-        self.config = self.config or _read_config(self.paths.input)
+        self.config = self.config or self._config_from_here()
         base = super().plan()
         return ConvertPlan(**base.model_dump(), backend=c.backend, details=details)
+
+    def _input_from_here(self) -> Path | None:
+        """The input directory, if this machine sees it (a dry run plans from it where it can)."""
+        storage = self.spec.storage
+        for root in ("/", storage.workspace, storage.local_workspace):
+            path = Path(root) / self.spec.convert.input
+            if (path / "config.json").is_file():
+                return path
+        return None
+
+    def _config_from_here(self) -> dict:
+        path = self._input_from_here()
+        return json.loads((path / "config.json").read_text()) if path else {}
 
     def _native_details(self) -> list[str]:
         from a4ray.convert import native
@@ -116,9 +130,10 @@ class ConvertWorkload(Workload[ConvertJob]):
 
         c = self.spec.convert
         head = [f"{self.spec.cluster.nodes} node(s) x {c.tasks_per_node} task(s), {c.naming} naming, {c.format}"]
-        if not Path(self.paths.input).is_dir():
+        path = self._input_from_here()
+        if path is None:
             return head + ["(input not readable here: parts are planned when it runs)"]
-        hf = HFCheckpoint.open(self.paths.input)
+        hf = HFCheckpoint.open(path)
         arch = hf.architecture()
         return native.plan(hf, arch, self.spec, _dtype(c.precision, hf)).describe()
 
@@ -244,8 +259,9 @@ class ConvertWorkload(Workload[ConvertJob]):
             arch = arch or _verifiable_config(record)
             report = self._verify(out.final, Path(record.input), arch)
             if not report.ok:
+                kept = out.keep_failed(out.final)
                 raise VerifyFailed(f"the cached conversion {out.final} fails verification: {report.summary()}",
-                                   hint=f"remove {out.final} to convert again")
+                                   hint=f"it was moved to {kept} (no tracker file); run again to convert anew")
             record.verify = report
             write_record(out.final, record)
         out.point_latest()
@@ -318,13 +334,6 @@ def _under(path: str, workspace: str) -> str:
 
 def _resolve(path: str, workspace: Path) -> str:
     return str(Path(path) if path.startswith("/") else (workspace / path).resolve())
-
-
-def _read_config(input_dir: str) -> dict:
-    import json
-
-    config = Path(input_dir) / "config.json"
-    return json.loads(config.read_text()) if config.is_file() else {}
 
 
 def _dtype(precision: str, hf):
