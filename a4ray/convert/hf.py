@@ -1,8 +1,11 @@
 """The input side of a conversion: a Hugging Face checkpoint directory (config.json + safetensors shards).
 
-`HFCheckpoint.open` checks what can be checked before any work starts (config, shard files, every
-tensor's presence and shape against the config) and says everything that is wrong at once. Tensors are
-then read one at a time (`TensorReader`), straight from the shard files, never the whole model.
+`HFCheckpoint.open` checks what can be checked before any work starts (config, shard files complete,
+every tensor's presence and shape against the config) and says everything that is wrong at once.
+`TensorReader` then reads tensors, or runs of their rows, with pread() straight into memory the caller
+gives: no memory map to fault in page by page, no copy beyond the kernel's, never the whole model.
+(The safetensors format is a little-endian u64 header length, a JSON header with each tensor's dtype,
+shape and byte range, then the data: https://github.com/huggingface/safetensors#format.)
 """
 
 from __future__ import annotations
@@ -30,6 +33,36 @@ class TensorInfo:
     file: str
     dtype: torch.dtype
     shape: tuple[int, ...]
+    start: int  # byte offset of the data in the file
+    nbytes: int
+
+    @property
+    def row_bytes(self) -> int:
+        return self.nbytes // self.shape[0] if self.shape and self.shape[0] else self.nbytes
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """The tensors of one safetensors file; refuses a truncated or foreign file, naming it."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        if not 0 < length <= size - 8:
+            raise ConvertInputError(f"input {path}: not a safetensors file (header length {length}, file {size} bytes)")
+        header = json.loads(f.read(length))
+    base, tensors = 8 + length, {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise ConvertInputError(f"input {path}: tensor {name} has dtype {entry['dtype']}, "
+                                    f"not one of {', '.join(_SAFETENSORS_DTYPES)}")
+        begin, end = entry["data_offsets"]
+        if base + end > size:
+            raise ConvertInputError(f"input {path}: truncated ({size} bytes; tensor {name} ends at byte {base + end})",
+                                    hint="the download or staging did not finish; stage the input again")
+        tensors[name] = TensorInfo(path.name, dtype, tuple(entry["shape"]), base + begin, end - begin)
+    return tensors
 
 
 class HFCheckpoint:
@@ -40,8 +73,6 @@ class HFCheckpoint:
 
     @classmethod
     def open(cls, path: str | Path) -> HFCheckpoint:
-        from safetensors import safe_open
-
         path = Path(path)
         if not path.is_dir():
             raise ConvertInputError(f"input {path}: not a directory",
@@ -68,14 +99,7 @@ class HFCheckpoint:
                 hint="the download or staging did not finish; stage the input again")
         tensors: dict[str, TensorInfo] = {}
         for name in files:
-            with safe_open(path / name, framework="pt") as f:
-                for key in f.keys():
-                    s = f.get_slice(key)
-                    dtype = _SAFETENSORS_DTYPES.get(s.get_dtype())
-                    if dtype is None:
-                        raise ConvertInputError(f"input {path}/{name}: tensor {key} has dtype {s.get_dtype()}, "
-                                                f"not one of {', '.join(_SAFETENSORS_DTYPES)}")
-                    tensors[key] = TensorInfo(name, dtype, tuple(s.get_shape()))
+            tensors.update(read_header(path / name))
         return cls(path, config, tensors)
 
     def architecture(self) -> Architecture:
@@ -123,20 +147,38 @@ class HFCheckpoint:
 
 
 class TensorReader:
-    """Reads single tensors from the shards, keeping each shard open (memory-mapped) once opened."""
+    """Reads tensors, or runs of their rows, from the shards with pread(), keeping each shard open."""
 
     def __init__(self, checkpoint: HFCheckpoint):
         self.checkpoint = checkpoint
-        self._open: dict[str, object] = {}
+        self._fds: dict[str, int] = {}
+
+    def info(self, name: str) -> TensorInfo:
+        return self.checkpoint.tensors[name]
+
+    def read_rows(self, name: str, first: int, into: memoryview) -> None:
+        """Fill `into` with the rows of `name` from row `first` on (as many as `into` holds)."""
+        info = self.checkpoint.tensors[name]
+        fd = self._fds.get(info.file)
+        if fd is None:
+            fd = self._fds[info.file] = os.open(self.checkpoint.path / info.file, os.O_RDONLY)
+        offset, done = info.start + first * info.row_bytes, 0
+        while done < len(into):  # a network filesystem may return short reads
+            n = os.preadv(fd, [into[done:]], offset + done)
+            if n <= 0:
+                raise ConvertInputError(f"input {self.checkpoint.path / info.file}: ended while reading {name}")
+            done += n
 
     def get(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
         info = self.checkpoint.tensors[name]
-        handle = self._open.get(info.file)
-        if handle is None:
-            handle = self._open[info.file] = safe_open(self.checkpoint.path / info.file, framework="pt")
-        return handle.get_tensor(name)
+        out = torch.empty(info.nbytes, dtype=torch.uint8)
+        self.read_rows(name, 0, memoryview(out.numpy()))
+        return out.view(info.dtype).view(info.shape)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 def fingerprint(path: str | Path) -> dict:

@@ -241,17 +241,49 @@ def slots(arch: Architecture) -> list[Slot]:
             Slot("moe_norm", (H,), ((p + "post_attention_layernorm.weight", (H,)),), layer),
             Slot("router", (arch.experts, H), ((p + "mlp.gate.weight", (arch.experts, H)),), layer),
         ]
-        for e in range(arch.experts):
-            x = f"{p}mlp.experts.{e}."
-            out += [
-                Slot("expert_fc1", (2 * F, H), ((x + "gate_proj.weight", (F, H)), (x + "up_proj.weight", (F, H))),
-                     layer, e),
-                Slot("expert_fc2", (H, F), ((x + "down_proj.weight", (H, F)),), layer, e),
-            ]
+        # All experts' fc1, then all fc2: consecutive experts of one tensor are written as one chunk.
+        x = f"{p}mlp.experts."
+        out += [Slot("expert_fc1", (2 * F, H), ((f"{x}{e}.gate_proj.weight", (F, H)), (f"{x}{e}.up_proj.weight", (F, H))),
+                     layer, e) for e in range(arch.experts)]
+        out += [Slot("expert_fc2", (H, F), ((f"{x}{e}.down_proj.weight", (H, F)),), layer, e)
+                for e in range(arch.experts)]
     out.append(Slot("final_norm", (H,), (("model.norm.weight", (H,)),)))
     if not arch.tied:  # tied: mcore reuses the embedding and has no output_layer.weight
         out.append(Slot("output", (arch.vocab, H), (("lm_head.weight", (arch.vocab, H)),)))
     return out
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What the writer writes as one chunk: one slot, or consecutive experts of one layer's expert tensor
+    (fewer, larger records write faster; `max_bytes` bounds what a task holds)."""
+
+    slots: tuple[Slot, ...]
+
+    def sharded_key(self, naming: Naming) -> str:
+        return self.slots[0].sharded_key(naming)
+
+    def chunk(self, arch: Architecture) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        offsets, sizes = self.slots[0].chunk(arch)
+        if self.slots[0].expert is not None:
+            sizes = (sizes[0], len(self.slots), *sizes[2:])
+        return offsets, sizes
+
+    @property
+    def numel(self) -> int:
+        return sum(s.numel for s in self.slots)
+
+
+def units(run: list[Slot], element_bytes: int, max_bytes: int) -> list[Unit]:
+    out: list[list[Slot]] = []
+    for slot in run:
+        last = out[-1] if out else None
+        if (last and slot.expert is not None and last[-1].expert == slot.expert - 1 and last[-1].role == slot.role
+                and (len(last) + 1) * slot.numel * element_bytes <= max_bytes):
+            last.append(slot)
+        else:
+            out.append([slot])
+    return [Unit(tuple(u)) for u in out]
 
 
 def extra_states(arch: Architecture, naming: Naming) -> list[ExtraState]:
@@ -317,31 +349,35 @@ def groups(items: list) -> Iterator[tuple[str, list]]:
 
 
 # ------------------------------------------------------------------------------------------- ops
+#
+# Every mcore tensor is its HF tensors' rows, in some order: `segments` is that order, the one
+# definition of each layout. `to_mcore` / `to_hf` apply it to tensors; the writer applies it to bytes
+# (reading each segment straight from the shard into place).
+
+
+def segments(slot: Slot, arch: Architecture) -> list[tuple[int, int, int]]:
+    """(source index, first row, rows) of each run of rows, in the order they make up the mcore tensor."""
+    if slot.op == "qkv":
+        # mcore stores QKV per query group: [q heads of group g, k head g, v head g] for g = 0 .. ng-1,
+        # so that a TP split of the rows gives every rank whole groups.
+        q_rows, d = arch.heads // arch.groups * arch.head_dim, arch.head_dim
+        return [run for g in range(arch.groups) for run in ((0, g * q_rows, q_rows), (1, g * d, d), (2, g * d, d))]
+    # SwiGLU's fc1 is [gate; up]: mcore applies silu to the first half. A copy is one run.
+    return [(i, 0, shape[0]) for i, (_, shape) in enumerate(slot.sources)]
 
 
 def to_mcore(slot: Slot, tensors: list[torch.Tensor], arch: Architecture) -> torch.Tensor:
     """Build the slot's mcore tensor from its HF tensors (in `slot.sources` order)."""
-    if slot.op == "qkv":
-        # mcore stores QKV per query group: [q heads of group g, k head g, v head g] for g = 0 .. ng-1,
-        # so that a TP split of the rows gives every rank whole groups.
-        q, k, v = tensors
-        ng, d, H = arch.groups, arch.head_dim, arch.hidden
-        return torch.cat([q.view(ng, -1, H), k.view(ng, d, H), v.view(ng, d, H)], dim=1).view(-1, H)
-    if slot.op == "gate_up":
-        # SwiGLU's fc1 is [gate; up]: mcore applies silu to the first half.
-        return torch.cat(tensors, dim=0)
-    (tensor,) = tensors
-    return tensor
+    runs = [tensors[i][first:first + rows] for i, first, rows in segments(slot, arch)]
+    return runs[0] if len(runs) == 1 else torch.cat(runs)
 
 
 def to_hf(slot: Slot, tensor: torch.Tensor, arch: Architecture) -> list[torch.Tensor]:
     """The inverse of `to_mcore`: the slot's HF tensors from its mcore tensor."""
-    tensor = tensor.reshape(slot.shape)
-    if slot.op == "qkv":
-        ng, d, H = arch.groups, arch.head_dim, arch.hidden
-        per_group = arch.heads // arch.groups * d
-        q, k, v = tensor.view(ng, per_group + 2 * d, H).split([per_group, d, d], dim=1)
-        return [q.reshape(-1, H), k.reshape(-1, H), v.reshape(-1, H)]
-    if slot.op == "gate_up":
-        return list(tensor.chunk(2, dim=0))
-    return [tensor]
+    out = [torch.empty(shape, dtype=tensor.dtype) for _, shape in slot.sources]
+    tensor = tensor.reshape(-1, *out[0].shape[1:])  # rows of the sources (all of a slot's share a row shape)
+    row = 0
+    for i, first, rows in segments(slot, arch):
+        out[i][first:first + rows] = tensor[row:row + rows]
+        row += rows
+    return out

@@ -29,6 +29,14 @@ def init(store_dir: str | None = None) -> None:
     """A one-rank gloo process group and megatron-core's parallel state, with the CPU shims applied."""
     import torch.distributed as dist
 
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError as error:
+        from a4ray.errors import ConvertError
+
+        raise ConvertError(f"verification needs megatron-core and transformers on the nodes ({error})",
+                           hint="install a4ray[convert] in the image, or set convert.verify.enabled=false") from None
+
     torch.cuda.current_device = lambda: "cpu"
     if not dist.is_initialized():
         store_dir = store_dir or tempfile.mkdtemp(prefix="a4ray-mcore-")

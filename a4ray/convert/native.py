@@ -32,23 +32,26 @@ from a4ray.convert.mapping import (
     ExtraState,
     Naming,
     Slot,
+    Unit,
     extra_states,
     groups,
     legacy_extra_keys,
+    segments,
     slots,
-    to_mcore,
+    units,
 )
 from a4ray.errors import ConvertFailed, InsufficientResources
 from a4ray.spec.convert import ConvertJob
 
-_TASK_OVERHEAD = 512 * 2**20  # interpreter, torch, safetensors maps: what a task holds besides tensors
+_TASK_OVERHEAD = 512 * 2**20  # interpreter and torch: what a task holds besides tensors
+UNIT_BYTES = 512 * 2**20  # experts of a layer are written together up to this much (one record each)
 
 
 @dataclass
 class Part:
     index: int
     label: str
-    slots: list[Slot]
+    units: list[Unit]  # what it writes, in order
     extras: list[ExtraState]
     nbytes: int  # bytes of tensor data it writes
     peak: int  # memory it may hold at once
@@ -113,13 +116,15 @@ def plan(hf: HFCheckpoint, arch: Architecture, job: ConvertJob, dtype: torch.dty
         done += run[2]
     parts = []
     for bucket in (b for b in buckets if b):
-        part_slots = [s for r in bucket for s in r[1]]
+        part_units = [u for r in bucket for u in units(r[1], dtype.itemsize, UNIT_BYTES)]
         nbytes = sum(r[2] for r in bucket)
-        # A task holds one converted tensor and its sources at a time; the legacy format holds them all.
-        biggest = max(s.numel * dtype.itemsize + sum(math.prod(shape) * hf.tensors[name].dtype.itemsize
-                                                     for name, shape in s.sources) for s in part_slots)
-        peak = _TASK_OVERHEAD + 2 * biggest + (nbytes if c.format == "legacy" else 0)
-        parts.append(Part(len(parts), _label([r[0] for r in bucket]), part_slots,
+        # A task holds one unit's tensor and (to change dtype) one source tensor at a time; the legacy
+        # format holds the whole model.
+        biggest = max(u.numel for u in part_units) * dtype.itemsize + max(
+            math.prod(shape) * hf.tensors[name].dtype.itemsize for u in part_units for s in u.slots
+            for name, shape in s.sources)
+        peak = _TASK_OVERHEAD + biggest + (nbytes if c.format == "legacy" else 0)
+        parts.append(Part(len(parts), _label([r[0] for r in bucket]), part_units,
                           [e for r in bucket for e in extras.get(r[0], [])], nbytes, peak))
     return NativePlan(arch, c.naming, c.format, dtype, parts, nodes, c.tasks_per_node)
 
@@ -178,8 +183,45 @@ class _Throttle:
             time.sleep(ahead)
 
 
-def _converted(slot: Slot, reader, arch: Architecture, dtype: torch.dtype) -> torch.Tensor:
-    return to_mcore(slot, [reader.get(name) for name, _ in slot.sources], arch).to(dtype)
+class SlotBuilder:
+    """Assembles mcore tensors from their HF rows (`mapping.segments`), reading every run of rows with
+    pread() straight into place in one reused buffer: a task holds one tensor (unit) at a time, and the
+    bytes are copied only by the kernel (twice: shard -> buffer -> output file). A dtype change goes
+    through a second buffer."""
+
+    def __init__(self, reader, arch: Architecture, dtype: torch.dtype):
+        self.reader, self.arch, self.dtype = reader, arch, dtype
+        self._out = bytearray()
+        self._stage = bytearray()
+
+    def build(self, slots: tuple[Slot, ...], own_memory: bool = False) -> torch.Tensor:
+        """The slots' tensors one after another, as one flat tensor of the target dtype."""
+        nbytes = sum(s.numel for s in slots) * self.dtype.itemsize
+        if own_memory or not nbytes:
+            out = torch.empty(nbytes, dtype=torch.uint8)
+        else:
+            if len(self._out) < nbytes:
+                self._out = bytearray(nbytes)
+            # Exactly nbytes of storage: torch.save writes a tensor's whole storage.
+            out = torch.frombuffer(self._out, dtype=torch.uint8, count=nbytes)
+        at = 0
+        for slot in slots:
+            for i, first, rows in segments(slot, self.arch):
+                name = slot.sources[i][0]
+                info = self.reader.info(name)
+                n = rows * info.row_bytes
+                if info.dtype == self.dtype:
+                    self.reader.read_rows(name, first, memoryview(out[at:at + n].numpy()))
+                    at += n
+                    continue
+                if len(self._stage) < n:
+                    self._stage = bytearray(n)
+                stage = torch.frombuffer(self._stage, dtype=torch.uint8, count=n)
+                self.reader.read_rows(name, first, memoryview(stage.numpy()))
+                m = n // info.dtype.itemsize * self.dtype.itemsize
+                out[at:at + m].view(self.dtype).copy_(stage.view(info.dtype))
+                at += m
+        return out.view(self.dtype)
 
 
 def write_part(hf: HFCheckpoint, release_dir: str, part: Part, dcp_plan, arch: Architecture, naming: Naming,
@@ -187,17 +229,21 @@ def write_part(hf: HFCheckpoint, release_dir: str, part: Part, dcp_plan, arch: A
     """One conversion task: stream this part's tensors from the shards into its own DCP file."""
     t0 = time.monotonic()
     reader, throttle = hf.reader(), _Throttle(max_mb_s)
-    by_index = {writer.tensor_item(s, arch, naming, dtype).index: s for s in part.slots}
+    builder = SlotBuilder(reader, arch, dtype)
+    by_index = {writer.tensor_item(u, arch, naming, dtype).index: u for u in part.units}
 
     def produce(item):
         if item.type == writer.WriteItemType.BYTE_IO:
             return writer.extra_state_bytes()
-        slot = by_index[item.index]
-        tensor = _converted(slot, reader, arch, dtype).view(slot.chunk(arch)[1])
+        unit = by_index[item.index]
+        tensor = builder.build(unit.slots).view(unit.chunk(arch)[1])
         throttle(tensor.nbytes)
         return tensor
 
-    results = writer.write_part(Path(release_dir), dcp_plan, produce)
+    try:
+        results = writer.write_part(Path(release_dir), dcp_plan, produce)
+    finally:
+        reader.close()
     return PartResult(part.index, results, part.nbytes, time.monotonic() - t0, socket.gethostname())
 
 
@@ -206,7 +252,12 @@ def write_legacy(hf: HFCheckpoint, release_dir: str, part: Part, arch: Architect
     """The legacy format is one torch.save of the whole state dict: one task, the whole model in memory."""
     t0 = time.monotonic()
     reader = hf.reader()
-    state: dict = {s.state_key(naming): _converted(s, reader, arch, dtype) for s in part.slots}
+    builder = SlotBuilder(reader, arch, dtype)
+    try:
+        state: dict = {s.state_key(naming): builder.build((s,), own_memory=True).view(s.shape)
+                       for u in part.units for s in u.slots}
+    finally:
+        reader.close()
     state.update({key: None for key in legacy_extra_keys(arch, naming)})
     writer.write_legacy(Path(release_dir), state, args)
     return PartResult(part.index, [], part.nbytes, time.monotonic() - t0, socket.gethostname())
@@ -219,18 +270,22 @@ class Placement:
     """The conversion's share of the job's nodes: one bundle of CPUs and memory on each, for its tasks."""
 
     def __init__(self, job: ConvertJob, task_memory: int):
-        c = job.cluster
+        """Asks for the placement; `wait()` waits for it (the driver plans meanwhile)."""
+        self.cluster = c = job.cluster
         self.nodes = c.nodes
         self.tasks_per_node = job.convert.tasks_per_node
-        bundle = {"CPU": self.tasks_per_node, c.node_resource: 1, "memory": self.tasks_per_node * task_memory}
-        self.pg = placement_group([dict(bundle)] * c.nodes, strategy="STRICT_SPREAD",
+        self.bundle = {"CPU": self.tasks_per_node, c.node_resource: 1, "memory": self.tasks_per_node * task_memory}
+        self.pg = placement_group([dict(self.bundle)] * c.nodes, strategy="STRICT_SPREAD",
                                   name=f"a4ray-{job.name}-convert")
+        self.bundle_nodes: dict[int, str] = {}
+
+    def wait(self) -> None:
+        c = self.cluster
         ready, _ = ray.wait([self.pg.ready()], timeout=c.start_timeout_s)
         if not ready:
-            self.close()
             raise InsufficientResources(
                 f"the conversion's placement ({c.nodes} '{c.node_resource}' node(s) with {self.tasks_per_node} "
-                f"CPUs and {size(bundle['memory'])} memory free on each) was not placed within "
+                f"CPUs and {size(self.bundle['memory'])} memory free on each) was not placed within "
                 f"cluster.start_timeout_s={c.start_timeout_s:g}s",
                 hint="other jobs may hold the nodes; lower convert.tasks_per_node or cluster.nodes")
         host_label = c.topology.host_label
@@ -261,14 +316,16 @@ def convert(hf: HFCheckpoint, native: NativePlan, job: ConvertJob, root: Path, p
     max_mb_s = job.convert.max_mb_s_per_task
     refs = {}
     if native.format == "legacy":
+        placement.wait()
         part = native.parts[0]
         task = ray.remote(write_legacy).options(**placement.options(0, num_cpus=1, memory=part.peak,
                                                                     name=f"a4ray-convert-{job.name}-legacy"))
         refs[task.remote(hf, str(release_dir), part, arch, naming, dtype, args)] = part
     else:
-        items = [[writer.tensor_item(s, arch, naming, dtype) for s in p.slots] + [writer.object_item(e) for e in p.extras]
+        items = [[writer.tensor_item(u, arch, naming, dtype) for u in p.units] + [writer.object_item(e) for e in p.extras]
                  for p in native.parts]
         dcp_plans, metadata = writer.global_plan(items)
+        placement.wait()
         remote = ray.remote(write_part)
         for part, dcp_plan in zip(native.parts, dcp_plans):
             task = remote.options(**placement.options(part.index, num_cpus=1, memory=part.peak,

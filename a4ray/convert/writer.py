@@ -13,32 +13,31 @@ DCP saves in four steps: each rank plans its writes, the coordinator merges the 
 and the metadata, each rank writes its file, the coordinator writes `.metadata`. Here the ranks are Ray
 tasks and the coordinator is the driver: `global_plan` does the first two steps from the mapping alone
 (no tensors; DCP checks that the chunks tile every tensor), `write_part` the third inside a task, pulling
-each tensor from a producer only when it is written, and `finish` the fourth. Until `finish`, the
+each tensor from a producer only when it is written, and `finish` the fourth (DCP's own code for both
+ends; `write_part` writes the same file layout as DCP's FileSystemWriter, see there why). Until `finish`, the
 directory has no `.metadata` and no tracker, so no reader takes a half-written checkpoint for a checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import io
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _StorageInfo
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties
-from torch.distributed.checkpoint.planner import (
-    SavePlan,
-    SavePlanner,
-    TensorWriteData,
-    WriteItem,
-    WriteItemType,
-)
+from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from a4ray.convert.mapping import Architecture, ExtraState, Naming, Slot
+from a4ray.convert.mapping import Architecture, ExtraState, Naming, Unit
 
 RELEASE = "release"
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -52,15 +51,15 @@ LEGACY_FILE = "mp_rank_00/model_optim_rng.pt"
 Producer = Callable[[WriteItem], "torch.Tensor | io.BytesIO"]
 
 
-def tensor_item(slot: Slot, arch: Architecture, naming: Naming, dtype: torch.dtype) -> WriteItem:
-    offsets, sizes = slot.chunk(arch)
+def tensor_item(unit: Unit, arch: Architecture, naming: Naming, dtype: torch.dtype) -> WriteItem:
+    offsets, sizes = unit.chunk(arch)
     return WriteItem(
-        index=MetadataIndex(slot.sharded_key(naming), torch.Size(offsets)),
+        index=MetadataIndex(unit.sharded_key(naming), torch.Size(offsets)),
         type=WriteItemType.SHARD,
         tensor_data=TensorWriteData(
             chunk=ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes)),
             properties=TensorProperties(dtype=dtype),
-            size=torch.Size(slot.global_shape(arch)),
+            size=torch.Size(unit.slots[0].global_shape(arch)),
         ),
     )
 
@@ -69,13 +68,17 @@ def object_item(extra: ExtraState) -> WriteItem:
     return WriteItem(index=MetadataIndex(extra.fqn), type=WriteItemType.BYTE_IO)
 
 
-def extra_state_bytes() -> io.BytesIO:
+@functools.cache
+def _extra_state_payload() -> bytes:
     # mcore stores a ShardedObject as torch.save([obj]); None is what a module without FP8 state has,
     # and what TE's set_extra_state accepts as "nothing to restore".
     buffer = io.BytesIO()
     torch.save([None], buffer)
-    buffer.seek(0)
-    return buffer
+    return buffer.getvalue()
+
+
+def extra_state_bytes() -> io.BytesIO:
+    return io.BytesIO(_extra_state_payload())
 
 
 def global_plan(parts: list[list[WriteItem]]) -> tuple[list[SavePlan], Metadata]:
@@ -85,23 +88,43 @@ def global_plan(parts: list[list[WriteItem]]) -> tuple[list[SavePlan], Metadata]
     return FileSystemWriter(".").prepare_global_plan(plans), metadata
 
 
-class _PullPlanner(DefaultSavePlanner):
-    """Hands the writer each item's data when it asks for it, so a task holds one tensor at a time."""
-
-    def __init__(self, produce: Producer):
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-        self.produce = produce
-
-    def resolve_data(self, write_item: WriteItem):
-        return self.produce(write_item)
+@contextlib.contextmanager
+def _without_crc32():
+    """torch.save checksums every zip record with miniz's CRC32, which costs ~10x writing the bytes.
+    Nothing reads it: PyTorch builds its zip reader with MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS, and
+    `torch.serialization.set_crc32_options` documents that torch.load reads such files."""
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        yield
+    finally:
+        torch.serialization.set_crc32_options(before)
 
 
 def write_part(release_dir: Path, plan: SavePlan, produce: Producer) -> list[WriteResult]:
-    """Write one part's file (`__<k>_0.distcp`, fsynced) and return where each item landed."""
-    writer = FileSystemWriter(release_dir, sync_files=True, thread_count=1)
-    writer.set_up_storage_writer(is_coordinator=False)
+    """Write one part's file, `__<k>_0.distcp`, item by item as DCP's FileSystemWriter lays it out (each
+    tensor a torch.save record, each object its bytes), fsync it, and say where each item landed.
+
+    Written here rather than by `FileSystemWriter.write_data`, which keeps every tensor it wrote until the
+    file is done and may resolve items ahead of writing them: the producer hands out tensors in one
+    reused buffer, so at most one tensor is in memory at a time."""
+    name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
+    results = []
     release_dir.mkdir(parents=True, exist_ok=True)
-    return writer.write_data(plan, _PullPlanner(produce)).value()
+    with open(release_dir / name, "wb") as stream, _without_crc32():
+        for item in plan.items:
+            offset = stream.tell()
+            data = produce(item)
+            if item.type == WriteItemType.BYTE_IO:
+                stream.write(data.getbuffer())
+            else:
+                torch.save(data, stream)
+            length = stream.tell() - offset
+            results.append(WriteResult(index=item.index, size_in_bytes=length,
+                                       storage_data=_StorageInfo(name, offset, length)))
+        stream.flush()
+        os.fsync(stream.fileno())
+    return results
 
 
 def finish(release_dir: Path, metadata: Metadata, results: list[list[WriteResult]], args: argparse.Namespace) -> None:
