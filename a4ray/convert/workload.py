@@ -11,17 +11,23 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import ray
 
 from a4ray.console import say, table
 from a4ray.convert import backends
 from a4ray.convert.cache import CONVERTER_VERSION, ConvertRecord, OutputDir, PartRecord, VerifyReport, cache_key
-from a4ray.errors import ConvertFailed, ConvertInputError, GangFailed, InsufficientResources, SpecError, VerifyFailed
+from a4ray.errors import ConvertFailed, ConvertInputError, InsufficientResources, SpecError, VerifyFailed
 from a4ray.runtime.gang import GangResult, Launch, NodeContext
 from a4ray.spec.convert import ConvertJob
 from a4ray.workloads.base import Plan, Workload, WorkloadResult, workload
+
+if TYPE_CHECKING:
+    import torch
+
+    from a4ray.convert.hf import HFCheckpoint
+    from a4ray.convert.mapping import Architecture
 
 
 class ConvertResult(WorkloadResult):
@@ -62,6 +68,22 @@ class Paths:
     save: str = ""  # where the backend writes (the temporary directory)
 
 
+@dataclass
+class _Job:
+    """One conversion, resolved: its input, where it goes, and its cache key."""
+
+    source: Path
+    out: OutputDir
+    hf: HFCheckpoint
+    arch: Architecture | None  # the native backend's model
+    verify_arch: Architecture | None  # the model the verifier builds (None: not verifiable)
+    dtype: torch.dtype
+    fingerprint: dict
+    options: dict
+    versions: dict
+    key: str
+
+
 @workload
 class ConvertWorkload(Workload[ConvertJob]):
     kind = "convert"
@@ -75,6 +97,7 @@ class ConvertWorkload(Workload[ConvertJob]):
                            f"{_under(c.input, ws)}-to-mcore", repo=_under(c.pai.repo, ws),
                            save=f"{_under(c.output, ws) if c.output else _under(c.input, ws) + '-to-mcore'}/.tmp-<key>")
         self.config: dict = {}
+        self.dtype_name = ""  # resolved from convert.precision once the input is open
 
     # ------------------------------------------------------------------------------- checks
     def check(self) -> None:
@@ -87,7 +110,7 @@ class ConvertWorkload(Workload[ConvertJob]):
             if c.format != "torch_dist":
                 problems.append(f"convert.format=legacy: the {c.backend} backend writes torch_dist only")
             if c.max_mb_s_per_task:
-                problems.append(f"convert.max_mb_s_per_task applies to the native backend only")
+                problems.append("convert.max_mb_s_per_task applies to the native backend only")
         if c.backend == "swift":
             if self.spec.cluster.nodes != 1:
                 problems.append(f"cluster.nodes={self.spec.cluster.nodes}: the swift backend converts on one node")
@@ -140,7 +163,7 @@ class ConvertWorkload(Workload[ConvertJob]):
     # ------------------------------------------------------------------------------- launch
     def launch(self, node: NodeContext) -> Launch:
         c = self.spec.convert
-        dtype = str(self.config.get("dtype") or self.config.get("torch_dtype") or "bfloat16")
+        dtype = self.dtype_name or str(self.config.get("dtype") or self.config.get("torch_dtype") or "bfloat16")
         if c.backend == "pai":
             model = backends.pai_model(self.config, c.pai, f"input {self.paths.input}") if self.config else \
                 (c.pai.model_size or "<MODEL_SIZE from config.json>", c.pai.script or "scripts/qwen3/run_8xH20.sh")
@@ -157,15 +180,25 @@ class ConvertWorkload(Workload[ConvertJob]):
 
     # ------------------------------------------------------------------------------ execute
     def execute(self, conn, run_dir) -> ConvertResult:
-        from a4ray.convert.hf import HFCheckpoint, fingerprint
-
         t0 = time.monotonic()
         c = self.spec.convert
         self.check()
         if c.backend == "swift" and (reason := backends.swift_skip_reason(c.swift)):
             say(f"convert: skipped: {reason}")
             return ConvertResult(ok=True, status="skipped", backend=c.backend, verdict=f"SKIPPED: {reason}")
-        workspace = conn.workspace(self.spec.storage.workspace, self.spec.storage.local_workspace)
+        job = self._prepare(conn.workspace(self.spec.storage.workspace, self.spec.storage.local_workspace))
+        say(f"convert: {job.source} -> {job.out.final} ({c.backend}, key {job.key[:12]})")
+        record = job.out.existing()
+        if record is not None:
+            return self._cached(job, record, t0)
+        return self._convert(job, run_dir, t0)
+
+    def _prepare(self, workspace: Path) -> _Job:
+        """Resolve the paths, check the input as far as the backend needs, and compute the cache key."""
+        from a4ray.convert.hf import HFCheckpoint, fingerprint
+        from a4ray.convert.mapping import slots
+
+        c = self.spec.convert
         source = Path(_resolve(c.input, workspace))
         output = Path(_resolve(c.output, workspace)) if c.output else source.parent / f"{source.name}-to-mcore"
         self.paths = Paths(input=str(source), output=str(output), repo=_resolve(c.pai.repo, workspace))
@@ -173,70 +206,64 @@ class ConvertWorkload(Workload[ConvertJob]):
         self.config = hf.config
         arch = None
         if c.backend == "native":
-            from a4ray.convert.mapping import slots
-
             arch = hf.architecture()
             hf.check(slots(arch))
         elif c.backend == "pai":
             backends.pai_model(hf.config, c.pai, f"input {source}")  # refuse sizes Pai's scripts lack, now
-        dtype = _dtype(c.precision, hf)
-        options = self._options(dtype)
-        versions = _versions(c.backend, self.paths.repo)
-        key = cache_key(fingerprint(source), c.backend, options, versions)
-        out = OutputDir(output, key)
-        say(f"convert: {source} -> {out.final} ({c.backend}, key {key[:12]})")
-
-        record = out.existing()
-        if record is not None:
-            return self._cached(out, record, arch, t0)
-
-        from a4ray.convert import native
-
-        native_plan = native.plan(hf, arch, self.spec, dtype) if arch is not None and c.backend == "native" else None
-        native.check_disk(output, native_plan.nbytes if native_plan else hf.nbytes)
-        verify_wanted = c.verify_enabled
-        verify_arch = arch if arch is not None else _verifiable(hf)
-        if verify_wanted and verify_arch is None:
+        verify_arch = arch or _verifiable(hf)
+        if c.verify_enabled and verify_arch is None:
             raise ConvertInputError(f"convert.verify: the verifier models Qwen3 and Qwen3-MoE; input {source} is "
                                     f"{(hf.config.get('architectures') or ['?'])[0]}",
                                     hint="set convert.verify.enabled=false for this model")
-        if verify_wanted:
-            self._check_verify_memory(verify_arch)
-        tmp = out.temporary()
+        dtype = _dtype(c.precision, hf)
+        self.dtype_name = str(dtype).removeprefix("torch.")
+        options, versions, found = self._options(dtype), _versions(c.backend, self.paths.repo), fingerprint(source)
+        key = cache_key(found, c.backend, options, versions)
+        return _Job(source, OutputDir(output, key), hf, arch, verify_arch, dtype, found, options, versions, key)
+
+    def _convert(self, job: _Job, run_dir, t0: float) -> ConvertResult:
+        """Convert into a temporary directory, verify it there, then commit it (or leave nothing)."""
+        from a4ray.convert import native
+
+        c = self.spec.convert
+        native_plan = native.plan(job.hf, job.arch, self.spec, job.dtype) if c.backend == "native" else None
+        native.check_disk(job.out.root, native_plan.nbytes if native_plan else job.hf.nbytes)
+        if c.verify_enabled:
+            self._check_verify_memory(job.verify_arch)
+        tmp = job.out.temporary()
         try:
             if native_plan is not None:
                 for line in native_plan.describe():
                     say(f"convert: {line}")
-                parts = self._run_native(hf, native_plan, tmp)
+                parts = self._run_native(job.hf, native_plan, tmp)
             else:
                 parts = []
                 self._run_gang(tmp, run_dir)
             write_s = time.monotonic() - t0
-            report = self._verify(tmp, source, verify_arch) if verify_wanted else None
+            report = self._verify(tmp, job.source, job.verify_arch) if c.verify_enabled else None
             if report is not None and not report.ok:
-                kept = out.keep_failed(tmp)
-                raise VerifyFailed(f"verification of {source} -> {c.backend} checkpoint failed: {report.summary()}",
+                kept = job.out.keep_failed(tmp)
+                raise VerifyFailed(f"verification of {job.source} -> {c.backend} checkpoint failed: {report.summary()}",
                                    hint=f"the failed checkpoint is kept for inspection in {kept} (no tracker file)")
             seconds = time.monotonic() - t0
+            layout = ({"nodes": self.spec.cluster.nodes, "tasks_per_node": c.tasks_per_node, "parts": len(parts)}
+                      if native_plan else {"nodes": self.spec.cluster.nodes, "gpus_per_node": self.spec.cluster.gpus_per_node})
             record = ConvertRecord(
-                key=key, backend=c.backend, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), input=str(source),
-                input_fingerprint=fingerprint(source), options=options, versions=versions,
-                architecture=arch.__dict__ if arch else {}, format=c.format, naming=c.naming, dtype=str(dtype),
-                layout={"nodes": self.spec.cluster.nodes, "tasks_per_node": c.tasks_per_node, "parts": len(parts)}
-                if c.backend == "native" else {"nodes": self.spec.cluster.nodes,
-                                               "gpus_per_node": self.spec.cluster.gpus_per_node},
-                parts=parts, seconds=round(seconds, 3), verify=report)
-            final = out.commit(tmp, record)
+                key=job.key, backend=c.backend, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), input=str(job.source),
+                input_fingerprint=job.fingerprint, options=job.options, versions=job.versions,
+                architecture=job.arch.__dict__ if job.arch else {}, format=c.format, naming=c.naming,
+                dtype=self.dtype_name, layout=layout, parts=parts, seconds=round(seconds, 3), verify=report)
+            final = job.out.commit(tmp, record)
         finally:
-            if tmp.exists():
-                out.discard(tmp)
+            if tmp.exists():  # not committed, not kept: a failure leaves nothing behind
+                job.out.discard(tmp)
         written = sum(p.bytes for p in parts) or record.bytes
         checked = f"; verified: {report.summary()}" if report else "; not verified"
-        verdict = (f"PASS: converted {source} -> {final} ({c.backend}, {c.naming} naming, {c.format}, "
-                   f"{str(dtype).removeprefix('torch.')}): wrote {native.size(written)} in {write_s:.1f}s "
+        verdict = (f"PASS: converted {job.source} -> {final} ({c.backend}, {c.naming} naming, {c.format}, "
+                   f"{self.dtype_name}): wrote {native.size(written)} in {write_s:.1f}s "
                    f"({written / 1e6 / write_s:.0f} MB/s; {seconds:.1f}s in all){checked}")
         return ConvertResult(ok=True, status="ran", backend=c.backend, verdict=verdict, checkpoint=str(final),
-                             key=key, seconds=seconds, bytes=written, parts=parts, verify=report)
+                             key=job.key, seconds=seconds, bytes=written, parts=parts, verify=report)
 
     def _options(self, dtype) -> dict:
         """What changes the bytes written, and so the cache key (not: node counts, tasks, rate caps)."""
@@ -250,14 +277,13 @@ class ConvertWorkload(Workload[ConvertJob]):
             options.update(c.swift.model_dump(exclude={"force"}))
         return options
 
-    def _cached(self, out: OutputDir, record: ConvertRecord, arch, t0: float) -> ConvertResult:
+    def _cached(self, job: _Job, record: ConvertRecord, t0: float) -> ConvertResult:
         from a4ray.convert.cache import write_record
 
-        c = self.spec.convert
+        c, out = self.spec.convert, job.out
         if c.verify_enabled and not (record.verify and record.verify.ok):
             say(f"convert: cached conversion {out.final} was not verified; verifying it now")
-            arch = arch or _verifiable_config(record)
-            report = self._verify(out.final, Path(record.input), arch)
+            report = self._verify(out.final, job.source, job.verify_arch)
             if not report.ok:
                 kept = out.keep_failed(out.final)
                 raise VerifyFailed(f"the cached conversion {out.final} fails verification: {report.summary()}",
@@ -286,7 +312,7 @@ class ConvertWorkload(Workload[ConvertJob]):
         from a4ray.convert.writer import TRACKER
 
         self.paths.save = str(tmp)
-        gang_result = super().execute(None, run_dir).gang
+        gang_result = super().execute(None, run_dir).gang  # the default execute: one gang launch of `launch`
         if not gang_result.ok:
             raise ConvertFailed(f"{self.spec.convert.backend} conversion failed: {gang_result.failure}",
                                 hint=f"per-node logs: {gang_result.log_dir}")
@@ -349,12 +375,6 @@ def _verifiable(hf):
         return hf.architecture()
     except UnsupportedModel:
         return None
-
-
-def _verifiable_config(record: ConvertRecord):
-    from a4ray.convert.hf import HFCheckpoint
-
-    return _verifiable(HFCheckpoint.open(record.input))
 
 
 def _versions(backend: str, repo: str) -> dict:
