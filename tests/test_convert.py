@@ -215,7 +215,7 @@ def test_bad_inputs_get_errors_that_name_the_problem(models, tmp_path):
     shutil.copytree(models["moe"], wrong)
     (wrong / "config.json").write_text(json.dumps({**config, "moe_intermediate_size": 48}))
     hf = HFCheckpoint.open(wrong)
-    with pytest.raises(ConvertInputError, match=r"gate_proj.weight in .*shape \[32, 64\], config.json implies \[48, 64\]"):
+    with pytest.raises(ConvertInputError, match=r"gate_proj.weight in .*shape \[32, 64\], config.json implies \[48"):
         hf.check(slots(hf.architecture()))
 
     with pytest.raises(InsufficientResources, match="free"):

@@ -30,4 +30,5 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return _run(_options(argparse.ArgumentParser(prog="python -m a4ray.convert", description=DESCRIPTION)).parse_args(argv))
+    parser = _options(argparse.ArgumentParser(prog="python -m a4ray.convert", description=DESCRIPTION))
+    return _run(parser.parse_args(argv))

@@ -76,7 +76,8 @@ class HFCheckpoint:
         path = Path(path)
         if not path.is_dir():
             raise ConvertInputError(f"input {path}: not a directory",
-                                    hint="convert.input must be an HF checkpoint directory (config.json + *.safetensors)")
+                                    hint="convert.input must be an HF checkpoint directory "
+                                    "(config.json + *.safetensors)")
         config_file = path / "config.json"
         if not config_file.is_file():
             raise ConvertInputError(f"input {path}: config.json is missing", hint="stage the complete HF checkpoint")

@@ -80,7 +80,8 @@ class Architecture:
         problems = []
         if config.get("attention_bias"):
             problems.append("attention_bias=true (Qwen3 checkpoints have none)")
-        heads, groups = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
+        heads = config["num_attention_heads"]
+        groups = config.get("num_key_value_heads") or heads
         if heads % groups:
             problems.append(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={groups}")
         experts = 0
@@ -243,8 +244,9 @@ def slots(arch: Architecture) -> list[Slot]:
         ]
         # All experts' fc1, then all fc2: consecutive experts of one tensor are written as one chunk.
         x = f"{p}mlp.experts."
-        out += [Slot("expert_fc1", (2 * F, H), ((f"{x}{e}.gate_proj.weight", (F, H)), (f"{x}{e}.up_proj.weight", (F, H))),
-                     layer, e) for e in range(arch.experts)]
+        out += [Slot("expert_fc1", (2 * F, H),
+                     ((f"{x}{e}.gate_proj.weight", (F, H)), (f"{x}{e}.up_proj.weight", (F, H))), layer, e)
+                for e in range(arch.experts)]
         out += [Slot("expert_fc2", (H, F), ((f"{x}{e}.down_proj.weight", (H, F)),), layer, e)
                 for e in range(arch.experts)]
     out.append(Slot("final_norm", (H,), (("model.norm.weight", (H,)),)))

@@ -30,7 +30,7 @@ def init(store_dir: str | None = None) -> None:
     import torch.distributed as dist
 
     try:
-        import megatron.core  # noqa: F401
+        import megatron.core  # noqa: F401 - present?
     except ImportError as error:
         from a4ray.errors import ConvertError
 

@@ -307,30 +307,32 @@ class Placement:
             pass
 
 
-def convert(hf: HFCheckpoint, native: NativePlan, job: ConvertJob, root: Path, placement: Placement) -> list[PartRecord]:
+def convert(hf: HFCheckpoint, native: NativePlan, job: ConvertJob, root: Path,
+            placement: Placement) -> list[PartRecord]:
     """Write the checkpoint into `root` (a temporary directory); returns what each part did."""
     release_dir = root / writer.RELEASE
     release_dir.mkdir(parents=True)
     arch, naming, dtype = native.arch, native.naming, native.dtype
     args = writer.megatron_args(arch, dtype, naming, native.format)
     max_mb_s = job.convert.max_mb_s_per_task
+    hf_ref = ray.put(hf)  # the shard index, shipped to the tasks once
     refs = {}
     if native.format == "legacy":
         placement.wait()
         part = native.parts[0]
         task = ray.remote(write_legacy).options(**placement.options(0, num_cpus=1, memory=part.peak,
                                                                     name=f"a4ray-convert-{job.name}-legacy"))
-        refs[task.remote(hf, str(release_dir), part, arch, naming, dtype, args)] = part
+        refs[task.remote(hf_ref, str(release_dir), part, arch, naming, dtype, args)] = part
     else:
-        items = [[writer.tensor_item(u, arch, naming, dtype) for u in p.units] + [writer.object_item(e) for e in p.extras]
-                 for p in native.parts]
+        items = [[writer.tensor_item(u, arch, naming, dtype) for u in p.units]
+                 + [writer.object_item(e) for e in p.extras] for p in native.parts]
         dcp_plans, metadata = writer.global_plan(items)
         placement.wait()
         remote = ray.remote(write_part)
         for part, dcp_plan in zip(native.parts, dcp_plans):
             task = remote.options(**placement.options(part.index, num_cpus=1, memory=part.peak,
                                                       name=f"a4ray-convert-{job.name}-part-{part.index}"))
-            refs[task.remote(hf, str(release_dir), part, dcp_plan, arch, naming, dtype, max_mb_s)] = part
+            refs[task.remote(hf_ref, str(release_dir), part, dcp_plan, arch, naming, dtype, max_mb_s)] = part
     done = _gather(refs, placement)
     if native.format != "legacy":
         writer.finish(release_dir, metadata, [r.results for r in done], args)
@@ -342,26 +344,31 @@ def convert(hf: HFCheckpoint, native: NativePlan, job: ConvertJob, root: Path, p
 
 
 def _gather(refs: dict, placement: Placement) -> list[PartResult]:
-    """Wait for every part; on the first failure cancel the rest and say which part failed where."""
+    """Wait for every part. On the first failure (or Ctrl-C) stop the others, and wait until they have
+    stopped, so that the caller can remove the temporary directory with nothing still writing into it."""
     pending, done, n = dict(refs), [], len(refs)
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1)
-        part = pending.pop(ready[0])
-        try:
-            result: PartResult = ray.get(ready[0])
-        except Exception as error:  # noqa: BLE001 - any task failure fails the conversion
-            for ref in pending:
-                ray.cancel(ref, force=True)
-            ray.wait(list(pending), num_returns=len(pending), timeout=60)
-            where = placement.bundle_nodes.get(part.index % placement.nodes, "?")
-            raise ConvertFailed(
-                f"conversion part {part.index} ({part.label}) failed on {where}: {_why(error)}; "
-                f"{len(pending)} other part(s) cancelled, nothing committed",
-                hint="fix the cause and run again: the conversion starts over in a new temporary directory") from None
-        result.node = placement.bundle_nodes.get(part.index % placement.nodes, result.node)
-        done.append(result)
-        say(f"part {result.index + 1}/{n} ({part.label}, {size(result.nbytes)}) written on {result.node} in "
-            f"{result.seconds:.1f}s ({result.nbytes / 1e6 / max(result.seconds, 1e-9):.0f} MB/s)")
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            part = pending.pop(ready[0])
+            try:
+                result: PartResult = ray.get(ready[0])
+            except Exception as error:  # noqa: BLE001 - any task failure fails the conversion
+                where = placement.bundle_nodes.get(part.index % placement.nodes, "?")
+                raise ConvertFailed(
+                    f"conversion part {part.index} ({part.label}) failed on {where}: {_why(error)}; "
+                    f"{len(pending)} other part(s) cancelled, nothing committed",
+                    hint="fix the cause and run again: the conversion starts over in a new temporary directory",
+                ) from None
+            result.node = placement.bundle_nodes.get(part.index % placement.nodes, result.node)
+            done.append(result)
+            say(f"part {result.index + 1}/{n} ({part.label}, {size(result.nbytes)}) written on {result.node} in "
+                f"{result.seconds:.1f}s ({result.nbytes / 1e6 / max(result.seconds, 1e-9):.0f} MB/s)")
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        ray.wait(list(pending), num_returns=len(pending), timeout=60)
+        raise
     return sorted(done, key=lambda r: r.index)
 
 

@@ -121,7 +121,8 @@ class ConvertWorkload(Workload[ConvertJob]):
     # --------------------------------------------------------------------------------- plan
     def plan(self) -> ConvertPlan:
         c = self.spec.convert
-        details = [f"input: {self.paths.input}", f"output: {self.paths.output}/<key>/ (latest: {self.paths.output}/latest)",
+        details = [f"input: {self.paths.input}",
+                   f"output: {self.paths.output}/<key>/ (latest: {self.paths.output}/latest)",
                    f"verify: {'on' if c.verify_enabled else 'off'}"]
         if c.backend == "swift" and (reason := backends.swift_skip_reason(c.swift)):
             return ConvertPlan(job=self.spec.name, kind=self.kind, nodes=[], rank_order="", env=[], backend=c.backend,
@@ -246,8 +247,9 @@ class ConvertWorkload(Workload[ConvertJob]):
                 raise VerifyFailed(f"verification of {job.source} -> {c.backend} checkpoint failed: {report.summary()}",
                                    hint=f"the failed checkpoint is kept for inspection in {kept} (no tracker file)")
             seconds = time.monotonic() - t0
-            layout = ({"nodes": self.spec.cluster.nodes, "tasks_per_node": c.tasks_per_node, "parts": len(parts)}
-                      if native_plan else {"nodes": self.spec.cluster.nodes, "gpus_per_node": self.spec.cluster.gpus_per_node})
+            cluster = self.spec.cluster
+            layout = ({"nodes": cluster.nodes, "tasks_per_node": c.tasks_per_node, "parts": len(parts)}
+                      if native_plan else {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node})
             record = ConvertRecord(
                 key=job.key, backend=c.backend, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), input=str(job.source),
                 input_fingerprint=job.fingerprint, options=job.options, versions=job.versions,
@@ -344,7 +346,8 @@ class ConvertWorkload(Workload[ConvertJob]):
             num_cpus=1, max_retries=0, memory=verify.memory_needed(arch, c.verify) or None,
             resources={self.spec.cluster.node_resource: 0.001}, name=f"a4ray-convert-{self.spec.name}-verify")
         try:
-            report = ray.get(task.remote(str(root), str(source), c.naming, c.format, c.verify))
+            report = ray.get(task.remote(str(root), str(source), c.naming, c.format, c.verify,
+                                         strict_keys=c.backend == "native"))
         except Exception as error:  # noqa: BLE001 - a crashed verifier is a failed verification
             from a4ray.convert.native import _why
 

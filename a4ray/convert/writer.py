@@ -110,7 +110,6 @@ def write_part(release_dir: Path, plan: SavePlan, produce: Producer) -> list[Wri
     reused buffer, so at most one tensor is in memory at a time."""
     name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
     results = []
-    release_dir.mkdir(parents=True, exist_ok=True)
     with open(release_dir / name, "wb") as stream, _without_crc32():
         for item in plan.items:
             offset = stream.tell()
