@@ -227,6 +227,21 @@ def test_bad_inputs_get_errors_that_name_the_problem(models, tmp_path):
         ConvertWorkload(job("convert", "convert.input=x", "convert.backend=pai", "convert.naming=local")).check()
 
 
+def test_the_cache_key_follows_the_input(tmp_path):
+    from a4ray.convert.hf import fingerprint
+
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 10)
+    first = fingerprint(tmp_path)
+    assert fingerprint(tmp_path) == first
+    (tmp_path / "model.safetensors").write_bytes(b"y" * 11)
+    assert fingerprint(tmp_path) != first
+    (tmp_path / "manifest.json").write_text('{"files": {"model.safetensors": {"sha256": "abc"}}}')
+    staged = fingerprint(tmp_path)
+    assert staged["kind"] == "staging-manifest"
+    (tmp_path / "model.safetensors").touch()  # staging's manifest, not file times, identifies a staged input
+    assert fingerprint(tmp_path) == staged
+
+
 def test_too_little_memory_is_refused_before_anything_runs(local_cluster):
     with pytest.raises(InsufficientResources, match="lower convert.tasks_per_node"):
         check_memory(job("convert", "cluster.nodes=2"), 10**15, "the conversion")
@@ -257,6 +272,41 @@ def test_qkv_is_interleaved_per_query_group_and_maps_back():
     # group g = [its query heads, its key head, its value head]
     assert fused[:, 0].tolist() == [0, 1, 10, 20, 2, 3, 11, 21]
     assert all(torch.equal(a, b) for a, b in zip(to_hf(slot, fused, arch), [q, k, v]))
+
+
+@pytest.mark.parametrize("refuse", ["", "copy_file_range", "skip_data"])
+def test_spliced_records_load_as_the_tensor_they_stand_for(tmp_path, monkeypatch, refuse):
+    """A record whose bytes the kernel copies in from the input loads as that tensor, also where the
+    kernel refuses to copy between the two filesystems or torch.save leaves no room for the bytes."""
+    import contextlib
+    import errno
+    import io
+
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
+
+    from a4ray.convert import writer
+
+    def cross_device(*args):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    source = torch.arange(24, dtype=torch.float32)
+    (tmp_path / "src.bin").write_bytes(b"head" + source.numpy().tobytes())
+    if refuse == "copy_file_range":
+        monkeypatch.setattr(os, "copy_file_range", cross_device)
+    if refuse == "skip_data":
+        monkeypatch.setattr(torch.serialization, "skip_data", contextlib.nullcontext)
+    fd = os.open(tmp_path / "src.bin", os.O_RDONLY)
+    # rows 4..5 then rows 0..1 of a [6, 4] tensor: two runs, reordered
+    splice = writer.Splice((4, 4), torch.float32, [(fd, 4 + 64, 32), (fd, 4, 32)])
+    plan = writer.FileSystemWriter(".").prepare_global_plan(
+        [SavePlan([WriteItem(index=MetadataIndex("t"), type=WriteItemType.TENSOR)])])[0]
+    (result,) = writer.write_part(tmp_path, plan, lambda item: splice)
+    os.close(fd)
+    info = result.storage_data
+    record = (tmp_path / info.relative_path).read_bytes()[info.offset:info.offset + info.length]
+    loaded = torch.load(io.BytesIO(record), weights_only=True)
+    assert torch.equal(loaded, torch.cat([source.view(6, 4)[4:], source.view(6, 4)[:2]]))
 
 
 def test_extra_state_names_are_mcores_sharded_object_keys():

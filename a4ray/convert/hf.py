@@ -3,7 +3,8 @@
 `HFCheckpoint.open` checks what can be checked before any work starts (config, shard files complete,
 every tensor's presence and shape against the config) and says everything that is wrong at once.
 `TensorReader` then reads tensors, or runs of their rows, with pread() straight into memory the caller
-gives: no memory map to fault in page by page, no copy beyond the kernel's, never the whole model.
+gives (no memory map to fault in page by page, never the whole model), or says where they lie, for the
+writer to copy them file to file.
 (The safetensors format is a little-endian u64 header length, a JSON header with each tensor's dtype,
 shape and byte range, then the data: https://github.com/huggingface/safetensors#format.)
 """
@@ -148,7 +149,7 @@ class HFCheckpoint:
 
 
 class TensorReader:
-    """Reads tensors, or runs of their rows, from the shards with pread(), keeping each shard open."""
+    """Reads tensors, or runs of their rows, from the shards (pread), or says where they are in them."""
 
     def __init__(self, checkpoint: HFCheckpoint):
         self.checkpoint = checkpoint
@@ -157,17 +158,23 @@ class TensorReader:
     def info(self, name: str) -> TensorInfo:
         return self.checkpoint.tensors[name]
 
-    def read_rows(self, name: str, first: int, into: memoryview) -> None:
-        """Fill `into` with the rows of `name` from row `first` on (as many as `into` holds)."""
+    def locate(self, name: str, first: int, rows: int) -> tuple[int, int, int]:
+        """(open file descriptor, byte offset, byte length) of rows first .. first+rows-1 of `name`."""
         info = self.checkpoint.tensors[name]
         fd = self._fds.get(info.file)
         if fd is None:
             fd = self._fds[info.file] = os.open(self.checkpoint.path / info.file, os.O_RDONLY)
-        offset, done = info.start + first * info.row_bytes, 0
+        return fd, info.start + first * info.row_bytes, rows * info.row_bytes
+
+    def read_rows(self, name: str, first: int, into: memoryview) -> None:
+        """Fill `into` with the rows of `name` from row `first` on (as many as `into` holds)."""
+        fd, offset, _ = self.locate(name, first, 0)
+        done = 0
         while done < len(into):  # a network filesystem may return short reads
             n = os.preadv(fd, [into[done:]], offset + done)
             if n <= 0:
-                raise ConvertInputError(f"input {self.checkpoint.path / info.file}: ended while reading {name}")
+                shard = self.checkpoint.path / self.checkpoint.tensors[name].file
+                raise ConvertInputError(f"input {shard}: ended while reading {name}")
             done += n
 
     def get(self, name: str) -> torch.Tensor:

@@ -184,18 +184,30 @@ class _Throttle:
 
 
 class SlotBuilder:
-    """Assembles mcore tensors from their HF rows (`mapping.segments`), reading every run of rows with
-    pread() straight into place in one reused buffer: a task holds one tensor (unit) at a time, and the
-    bytes are copied only by the kernel (twice: shard -> buffer -> output file). A dtype change goes
-    through a second buffer."""
+    """Assembles mcore tensors from their HF rows (`mapping.segments`). Where the dtype stays, a tensor is
+    a `Splice`: where its rows lie in the shards, for the writer to copy file to file in the kernel, so
+    the bytes never pass through this process. To change the dtype, the rows are read (pread, no memory
+    map to fault in) into a reused staging buffer and converted into a reused output buffer: a task holds
+    one tensor at a time either way."""
 
     def __init__(self, reader, arch: Architecture, dtype: torch.dtype):
         self.reader, self.arch, self.dtype = reader, arch, dtype
         self._out = bytearray()
         self._stage = bytearray()
 
+    def splice(self, slots: tuple[Slot, ...], shape: tuple[int, ...]) -> writer.Splice | None:
+        """The slots' tensors one after another, as runs of the shards; None if a dtype changes."""
+        runs = []
+        for slot in slots:
+            for i, first, rows in segments(slot, self.arch):
+                name = slot.sources[i][0]
+                if self.reader.info(name).dtype != self.dtype:
+                    return None
+                runs.append(self.reader.locate(name, first, rows))
+        return writer.Splice(shape, self.dtype, runs)
+
     def build(self, slots: tuple[Slot, ...], own_memory: bool = False) -> torch.Tensor:
-        """The slots' tensors one after another, as one flat tensor of the target dtype."""
+        """The slots' tensors one after another, as one flat tensor of the target dtype in memory."""
         nbytes = sum(s.numel for s in slots) * self.dtype.itemsize
         if own_memory or not nbytes:
             out = torch.empty(nbytes, dtype=torch.uint8)
@@ -236,9 +248,9 @@ def write_part(hf: HFCheckpoint, release_dir: str, part: Part, dcp_plan, arch: A
         if item.type == writer.WriteItemType.BYTE_IO:
             return writer.extra_state_bytes()
         unit = by_index[item.index]
-        tensor = builder.build(unit.slots).view(unit.chunk(arch)[1])
-        throttle(tensor.nbytes)
-        return tensor
+        shape = unit.chunk(arch)[1]
+        throttle(unit.numel * dtype.itemsize)
+        return builder.splice(unit.slots, shape) or builder.build(unit.slots).view(shape)
 
     try:
         results = writer.write_part(Path(release_dir), dcp_plan, produce)

@@ -138,7 +138,7 @@ class ConvertWorkload(Workload[ConvertJob]):
     def _input_from_here(self) -> Path | None:
         """The input directory, if this machine sees it (a dry run plans from it where it can)."""
         storage = self.spec.storage
-        for root in ("/", storage.workspace, storage.local_workspace):
+        for root in (storage.workspace, storage.local_workspace):  # an absolute input ignores the root
             path = Path(root) / self.spec.convert.input
             if (path / "config.json").is_file():
                 return path

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import io
 import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -48,7 +50,7 @@ TORCH_DIST_MARKER = {"sharded_backend": "torch_dist", "sharded_backend_version":
 CONTENT_METADATA = {"singleton_local_shards": False}
 LEGACY_FILE = "mp_rank_00/model_optim_rng.pt"
 
-Producer = Callable[[WriteItem], "torch.Tensor | io.BytesIO"]
+Producer = Callable[[WriteItem], "torch.Tensor | Splice | io.BytesIO"]
 
 
 def tensor_item(unit: Unit, arch: Architecture, naming: Naming, dtype: torch.dtype) -> WriteItem:
@@ -101,27 +103,98 @@ def _without_crc32():
         torch.serialization.set_crc32_options(before)
 
 
+@dataclass(frozen=True)
+class Splice:
+    """A tensor whose bytes are runs of other files: (fd, offset, length), in order. The writer copies them
+    into place in the kernel (copy_file_range), never through this process's memory."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    runs: list[tuple[int, int, int]]
+
+
+class _RecordingFile(io.FileIO):
+    """Notes where torch.save under `skip_data` leaves a storage's bytes out (it seeks over them)."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, "wb")
+        self.holes: list[tuple[int, int]] = []
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_CUR and pos > 0:
+            self.holes.append((self.tell(), pos))
+        return super().seek(pos, whence)
+
+
+def _copy_range(src: int, dst: int, length: int, src_offset: int, dst_offset: int) -> None:
+    done = 0
+    while done < length:
+        try:
+            n = os.copy_file_range(src, dst, length - done, src_offset + done, dst_offset + done)
+        except OSError as error:
+            if error.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            break  # not between these filesystems: copy through memory below
+        if n == 0:
+            raise OSError(errno.EIO, f"source ended {length - done} bytes early (fd {src}, offset {src_offset})")
+        done += n
+    chunk = 64 * 2**20
+    while done < length:
+        data = os.pread(src, min(chunk, length - done), src_offset + done)
+        if not data:
+            raise OSError(errno.EIO, f"source ended {length - done} bytes early (fd {src}, offset {src_offset})")
+        os.pwrite(dst, data, dst_offset + done)
+        done += len(data)
+
+
+def _save_splice(stream: _RecordingFile, splice: Splice) -> None:
+    """torch.save's record for the tensor, with its bytes copied in from the runs.
+
+    torch.save under `skip_data` writes a record's framing and leaves room for the storage's bytes; the
+    runs are copied into that room. Should a torch version lay the room out otherwise, the record is
+    written again the ordinary way."""
+    start = stream.tell()
+    stand_in = torch.empty(splice.shape, dtype=splice.dtype)  # never touched: framing only
+    stream.holes.clear()
+    with torch.serialization.skip_data():
+        torch.save(stand_in, stream)
+    nbytes = stand_in.numel() * stand_in.element_size()
+    if [length for _, length in stream.holes] == [nbytes]:
+        at = stream.holes[0][0]
+        for fd, offset, length in splice.runs:
+            _copy_range(fd, stream.fileno(), length, offset, at)
+            at += length
+        return
+    stream.seek(start)
+    stream.truncate()
+    data = bytearray()
+    for fd, offset, length in splice.runs:
+        data += os.pread(fd, length, offset)
+    torch.save(torch.frombuffer(data, dtype=splice.dtype).view(splice.shape), stream)
+
+
 def write_part(release_dir: Path, plan: SavePlan, produce: Producer) -> list[WriteResult]:
     """Write one part's file, `__<k>_0.distcp`, item by item as DCP's FileSystemWriter lays it out (each
     tensor a torch.save record, each object its bytes), fsync it, and say where each item landed.
 
-    Written here rather than by `FileSystemWriter.write_data`, which keeps every tensor it wrote until the
-    file is done and may resolve items ahead of writing them: the producer hands out tensors in one
-    reused buffer, so at most one tensor is in memory at a time."""
+    Written here rather than by `FileSystemWriter.write_data`, which holds every tensor until the file is
+    done and only writes tensors from memory: here a tensor is a `Splice` of the input's bytes, copied
+    file to file by the kernel (or, to change its dtype, one tensor in a reused buffer)."""
     name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
     results = []
-    with open(release_dir / name, "wb") as stream, _without_crc32():
+    with _RecordingFile(release_dir / name) as stream, _without_crc32():
         for item in plan.items:
             offset = stream.tell()
             data = produce(item)
             if item.type == WriteItemType.BYTE_IO:
                 stream.write(data.getbuffer())
+            elif isinstance(data, Splice):
+                _save_splice(stream, data)
             else:
                 torch.save(data, stream)
             length = stream.tell() - offset
             results.append(WriteResult(index=item.index, size_in_bytes=length,
                                        storage_data=_StorageInfo(name, offset, length)))
-        stream.flush()
         os.fsync(stream.fileno())
     return results
 
