@@ -242,6 +242,20 @@ def test_the_cache_key_follows_the_input(tmp_path):
     assert fingerprint(tmp_path) == staged
 
 
+def test_temporaries_of_dead_runs_are_swept_and_live_ones_kept(tmp_path):
+    import socket
+
+    from a4ray.convert.cache import OWNER, OutputDir
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for name, pid in ((".tmp-aaaa-dead", dead.pid), (".tmp-aaaa-live", os.getpid())):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / OWNER).write_text(json.dumps({"host": socket.gethostname(), "pid": pid}))
+    fresh = OutputDir(tmp_path, "b" * 64).temporary()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".tmp-aaaa-live", fresh.name])
+
+
 def test_too_little_memory_is_refused_before_anything_runs(local_cluster):
     with pytest.raises(InsufficientResources, match="lower convert.tasks_per_node"):
         check_memory(job("convert", "cluster.nodes=2"), 10**15, "the conversion")

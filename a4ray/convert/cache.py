@@ -14,15 +14,18 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import time
 import uuid
 from pathlib import Path
 
+import psutil
 from pydantic import BaseModel
 
 from a4ray.console import say, warn
 
 RECORD = "a4ray-convert.json"
+OWNER = ".a4ray-owner"  # in a temporary directory: the process writing it
 LATEST = "latest"
 FAILED = ".failed"
 CONVERTER_VERSION = 1  # bump when the native writer's output changes for the same input and options
@@ -108,7 +111,7 @@ class OutputDir:
         """The record of a complete conversion with this key, or None. A damaged one is moved aside."""
         record_file = self.final / RECORD
         if not record_file.is_file():
-            return None
+            return self._set_aside(f"it has no {RECORD}") if self.final.exists() else None
         try:
             record = ConvertRecord.model_validate_json(record_file.read_text())
         except ValueError as e:
@@ -132,13 +135,28 @@ class OutputDir:
         return self.root / FAILED / f"{self.key[:12]}-{what}-{time.strftime('%Y%m%d-%H%M%S')}"
 
     def temporary(self) -> Path:
+        """A fresh temporary directory, marked with its owner (host, pid), after removing the temporaries
+        of runs that died on this host without cleaning up (killed drivers)."""
+        self._sweep_stale()
         path = self.root / f".tmp-{self.key[:12]}-{uuid.uuid4().hex[:6]}"
         path.mkdir(parents=True)
+        (path / OWNER).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
         return path
+
+    def _sweep_stale(self) -> None:
+        for tmp in self.root.glob(".tmp-*"):
+            try:
+                owner = json.loads((tmp / OWNER).read_text())
+            except (OSError, ValueError):
+                continue
+            if owner.get("host") == socket.gethostname() and not psutil.pid_exists(owner.get("pid", -1)):
+                say(f"removing {tmp}: left by a conversion whose process (pid {owner['pid']}) is gone")
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def commit(self, tmp: Path, record: ConvertRecord) -> Path:
         """Record the files, then rename the temporary into place. If another run committed the same
         key meanwhile, theirs stays and ours is dropped: both are the same conversion."""
+        (tmp / OWNER).unlink(missing_ok=True)
         record.files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
         record.bytes = sum(record.files.values())
         write_record(tmp, record)

@@ -196,8 +196,11 @@ def _load_into(model, ckpt: Path, arch: Architecture, naming: Naming, fmt: str, 
 def _logits(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: Naming, fmt: str, spec: VerifySpec,
             report: VerifyReport, strict_keys: bool) -> None:
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from a4ray.convert import mcore_cpu
+
+    hf_logging.disable_progress_bar()  # one bar per load, in every job log otherwise
 
     if arch.rope_type != "default":
         report.problems.append(f"logits: rope_type {arch.rope_type!r} is not modelled by the verifier; "
