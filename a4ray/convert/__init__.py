@@ -10,6 +10,10 @@
 
 Backends: `native` (Ray tasks over layer ranges, Qwen3 and Qwen3-MoE), `pai` (Pai-Megatron-Patch's
 distributed converter on every node), `swift` (ms-swift's `swift export --to_mcore`).
+
+A pipeline step that already holds a connection and a run directory runs
+`ConvertWorkload(job).execute(conn, run_dir)` (`a4ray.convert.workload`); `job.convert` is the
+`convert:` section (`a4ray.spec.convert.ConvertSpec`) a recipe embeds.
 """
 
 from __future__ import annotations

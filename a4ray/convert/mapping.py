@@ -7,6 +7,10 @@ tensors. Its names come from one table, `_NAMES`, in both namings mcore uses:
   offset `(layer[, expert], 0, ...)` of a global `[L(, E), ...]` tensor (mcore's `sharded_state_dict`).
 * `state_key`: the key in `model.state_dict()` (and in the legacy per-rank format), one per layer.
 
+Which HF rows make up each mcore tensor, in which order (QKV interleaved per query group, SwiGLU's
+[gate; up]), is `segments`, the one definition of every layout. The writer writes consecutive experts of
+a layer's expert tensor as one chunk, a `Unit`.
+
 The two namings differ where Transformer Engine fuses a norm into the next linear layer: the TE specs
 (Pai-Megatron-Patch, ms-swift, Megatron-Bridge) keep the MoE pre-MLP norm as its own module and have
 `_extra_state` on their norms; the local specs map both norms into the linears' `layer_norm_weight`.
@@ -277,6 +281,8 @@ class Unit:
 
 
 def units(run: list[Slot], element_bytes: int, max_bytes: int) -> list[Unit]:
+    """The slots of one group as units: each expert slot joins its predecessor (same tensor, next expert)
+    while the unit stays within `max_bytes`; every other slot is a unit of its own."""
     out: list[list[Slot]] = []
     for slot in run:
         last = out[-1] if out else None
