@@ -9,6 +9,7 @@ import sys
 # module: it defines `add_cli(subparsers)`, which adds its subcommand(s) with a `func(args) -> int`.
 SUBCOMMAND_MODULES = [
     "a4ray.commands.run",
+    "a4ray.commands.convert",
     "a4ray.commands.local",
     "a4ray.commands.doctor",
     "a4ray.commands.k8s",

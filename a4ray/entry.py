@@ -59,7 +59,7 @@ def job_main(kind: str, argv: list[str] | None = None, *, description: str | Non
         spec = load_job(args.config, shorthand_sets(args), kind=kind)
         if args.dry_run:
             work = workload_for(spec)
-            work.check()
+            work.check()  # a dry run refuses what the run would refuse
             plan = work.plan()
             print(plan.render(), flush=True)
             if args.result:

@@ -124,3 +124,31 @@ class StepError(A4RayError):
     def __init__(self, step: str, message: str, *, hint: str | None = None):
         self.step = step
         super().__init__(f"step {step}: {message}", hint=hint)
+
+
+class ConvertError(A4RayError):
+    """A checkpoint conversion could not run or did not produce a good checkpoint."""
+
+
+class UnsupportedModel(ConvertError):
+    """The input's architecture is not one the chosen conversion backend handles."""
+
+
+class ConvertInputError(ConvertError):
+    """The input checkpoint is incomplete or inconsistent (missing shards or tensors, wrong shapes)."""
+
+
+class InsufficientResources(ConvertError):
+    """Not enough disk at the output, or memory on a node, for the conversion as planned."""
+
+
+class ConvertFailed(ConvertError):
+    """A conversion task (or the gang of a pai/swift conversion) failed; nothing was committed."""
+
+    exit_code = 1
+
+
+class VerifyFailed(ConvertError):
+    """The written checkpoint does not reproduce the input (logits or round trip beyond tolerance)."""
+
+    exit_code = 1

@@ -29,9 +29,9 @@ def workload_for(spec: JobSpec) -> Workload:
 
 def run(spec: JobSpec, *, address: str | None = None, local_nodes: int | None = None,
         dashboard: bool = False) -> WorkloadResult:
-    """Run `spec` to completion, restarting the gang per `spec.restart`. A failed launch returns a result
-    with `ok=False` (and the gang's failure); errors before anything ran (spec, cluster, placement, gIB)
-    and cancellation raise."""
+    """Run `spec` to completion: `Workload.run_job`, by default gang launches restarted per `spec.restart`.
+    A failed launch returns a result with `ok=False` (and the gang's failure); errors before anything ran
+    (spec, cluster, placement, gIB) and cancellation raise."""
     work = workload_for(spec)
     work.check()
     with connect(address, cluster=spec.cluster, local_nodes=local_nodes, dashboard=dashboard) as conn:
@@ -39,7 +39,7 @@ def run(spec: JobSpec, *, address: str | None = None, local_nodes: int | None = 
         say(f"run directory: {run_dir.root}")
         run_dir.write("spec.yaml", spec.to_yaml())
         run_dir.write("plan.json", work.plan())
-        result = run_attempts(spec, work, run_dir)
+        result = work.run_job(conn, run_dir)
         run_dir.write("result.json", result)
         say(f"logs: {run_dir.logs} (one file per node and per rank)")
     return result

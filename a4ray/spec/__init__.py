@@ -3,6 +3,7 @@
 from a4ray.spec.command import CommandJob, CommandSpec
 from a4ray.spec.artifacts import ArtifactSpec, StageJob, Staged, StagingOptions
 from a4ray.spec.cluster import ClusterSpec, NetworkSpec, StorageSpec, TopologySpec
+from a4ray.spec.convert import ConvertJob, ConvertSpec
 from a4ray.spec.ddp import DDPTestJob, DDPTestSpec
 from a4ray.spec.deepep import DeepEPJob, DeepEPSpec
 from a4ray.spec.job import JOB_KINDS, ClusterJob, JobSpec, job_kind
@@ -13,8 +14,8 @@ from a4ray.spec.nccl import NcclTestJob, NcclTestSpec
 from a4ray.spec.recipes import Qwen3Job, Qwen3NextJob, RecipeJob, SwiftDPOJob
 
 __all__ = [
-    "JOB_KINDS", "ArtifactSpec", "ClusterJob", "ClusterSpec", "CommandJob", "CommandSpec", "DDPTestJob", "DDPTestSpec",
-    "DeepEPJob", "DeepEPSpec", "JobSpec", "KubeRaySpec", "MpiSpec", "NcclTestJob", "NcclTestSpec", "NetworkSpec",
-    "Qwen3Job", "Qwen3NextJob", "RecipeJob", "StageJob", "Staged", "StagingOptions", "StorageSpec", "SwiftDPOJob",
-    "TopologySpec", "job_kind", "load_job", "parse_sets",
+    "JOB_KINDS", "ArtifactSpec", "ClusterJob", "ClusterSpec", "CommandJob", "CommandSpec", "ConvertJob", "ConvertSpec",
+    "DDPTestJob", "DDPTestSpec", "DeepEPJob", "DeepEPSpec", "JobSpec", "KubeRaySpec", "MpiSpec", "NcclTestJob",
+    "NcclTestSpec", "NetworkSpec", "Qwen3Job", "Qwen3NextJob", "RecipeJob", "StageJob", "Staged", "StagingOptions",
+    "StorageSpec", "SwiftDPOJob", "TopologySpec", "job_kind", "load_job", "parse_sets",
 ]

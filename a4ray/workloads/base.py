@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 from abc import ABC, abstractmethod
-from typing import ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
@@ -12,6 +12,10 @@ from a4ray.console import say
 from a4ray.errors import Cancelled, GangFailed
 from a4ray.runtime.gang import Gang, GangResult, Launch, NodeContext, Peer, describe_env_plan
 from a4ray.spec.job import JobSpec
+
+if TYPE_CHECKING:
+    from a4ray.rundir import RunDir
+    from a4ray.runtime.connect import Connection
 
 S = TypeVar("S", bound=JobSpec)
 
@@ -110,6 +114,14 @@ class Workload(ABC, Generic[S]):
             )
             for rank in range(c.nodes)
         ]
+
+    def run_job(self, conn: Connection, run_dir: RunDir) -> WorkloadResult:
+        """The whole job on the connected cluster. The default: `execute` on a fresh gang, again after a
+        failure as `spec.restart` allows; a job that is not a gang launch (conversion: a cache check,
+        Ray tasks) overrides this."""
+        from a4ray.runner import run_attempts
+
+        return run_attempts(self.spec, self, run_dir)
 
     def plan(self) -> Plan:
         c = self.spec.cluster

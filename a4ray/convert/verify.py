@@ -1,0 +1,241 @@
+"""Does the written checkpoint reproduce the HF model? Two checks, both through megatron-core's own loader.
+
+* round trip: every mcore tensor is read back (`dist_checkpointing.load`, one layer at a time, so memory
+  stays bounded by a layer), turned back into the HF layout and compared with the HF tensor it came from;
+  they must be identical (HF cast to the checkpoint's dtype).
+* logits: the checkpoint is loaded into a megatron-core `GPTModel` built from the same config, and its
+  logits on a few fixed token sequences are compared with the HF model's, both in fp32. The load must
+  also find every key the model asks for, and (a4ray's own output) the checkpoint must hold nothing a
+  model of its naming does not ask for.
+
+`run` is what the verification Ray task executes; it needs megatron-core (CPU shims in `mcore_cpu`).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException
+
+from a4ray.convert.cache import VerifyReport
+from a4ray.convert.hf import HFCheckpoint
+from a4ray.convert.mapping import Architecture, Naming, Slot, extra_states, groups, slots, to_hf
+from a4ray.convert.writer import LEGACY_FILE, RELEASE, TRACKER
+from a4ray.errors import ConvertInputError
+from a4ray.spec.convert import VerifySpec
+
+
+# What reading a damaged checkpoint raises (DCP's CheckpointException is a BaseException).
+_READ_ERRORS = (Exception, CheckpointException)
+
+
+def checkpoint_dir(root: Path) -> Path:
+    """The iteration directory the tracker names (`release`, or `iter_NNNNNNN`)."""
+    tracker = root / TRACKER
+    if not tracker.is_file():
+        raise ConvertInputError(f"{root}: no {TRACKER}; not a Megatron checkpoint")
+    value = tracker.read_text().strip()
+    return root / (RELEASE if value == RELEASE else f"iter_{int(value):07d}")
+
+
+def memory_needed(arch: Architecture, spec: VerifySpec) -> int:
+    """Bytes the logits check holds: the HF model and the mcore model in fp32, plus activations."""
+    if not spec.logits:
+        return 0
+    params = sum(s.numel for s in slots(arch)) + (arch.vocab * arch.hidden if arch.tied else 0)
+    logits = 3 * spec.sequences * spec.seq_len * arch.vocab * 4
+    return 2 * params * 4 + logits + 2**30
+
+
+def run(root: str, input_dir: str, naming: Naming, fmt: str, spec: VerifySpec,
+        strict_keys: bool = True) -> VerifyReport:
+    """Verify the checkpoint under `root` against the HF checkpoint in `input_dir`. `strict_keys`: any
+    tensor the model does not ask for is a problem (a4ray's own output; another tool's checkpoint may also
+    hold RNG or optimizer state)."""
+    import warnings
+
+    from a4ray.convert import mcore_cpu
+
+    # megatron-core warns at import that TE and apex are missing, which verification knows and wants.
+    warnings.filterwarnings("ignore", module=r"(megatron|torch\.distributed\.checkpoint)\.")
+    t0 = time.monotonic()
+    mcore_cpu.init()
+    hf = HFCheckpoint.open(input_dir)
+    arch = hf.architecture()
+    ckpt = checkpoint_dir(Path(root))
+    report = VerifyReport(ok=True, tolerance=spec.tolerance, node=socket.gethostname())
+    if spec.round_trip:
+        (_round_trip_legacy if fmt == "legacy" else _round_trip_dist)(ckpt, hf, arch, naming, report)
+    if spec.logits:
+        _logits(ckpt, hf, arch, naming, fmt, spec, report, strict_keys)
+    report.ok = not report.problems
+    report.duration_s = time.monotonic() - t0
+    return report
+
+
+# ---------------------------------------------------------------------------------- round trip
+
+
+def _compare(slot: Slot, tensor: torch.Tensor, hf_reader, arch: Architecture, report: VerifyReport) -> None:
+    for (name, _), back in zip(slot.sources, to_hf(slot, tensor, arch)):
+        original = hf_reader.get(name).to(back.dtype)
+        report.tensors_checked += 1
+        if torch.equal(original, back):
+            report.tensors_equal += 1
+            continue
+        diff = (original.float() - back.float()).abs().max().item() if original.shape == back.shape else float("inf")
+        report.round_trip_max_diff = max(report.round_trip_max_diff or 0.0, diff)
+        if len(report.problems) < 10:
+            report.problems.append(f"round trip: {name} differs from the checkpoint's "
+                                   f"{slot.sharded_key('local')} (max |diff| {diff:.3g})")
+
+
+def _round_trip_dist(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: Naming, report: VerifyReport) -> None:
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing import ShardedTensor
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
+    reader = hf.reader()
+    for name, group in groups(slots(arch)):
+        request = {}
+        for i, slot in enumerate(group):
+            key = slot.sharded_key(naming)
+            stored = metadata.get(key)
+            if stored is None:
+                report.problems.append(f"round trip: {key} is not in the checkpoint")
+                continue
+            offsets, sizes = slot.chunk(arch)
+            stack = slot.stack(arch)[1]
+            # The chunk as a tensor of its own rank (leading 1s for layer / expert), not mcore's
+            # prepend_axis form, which only loads when every chunk of the tensor is asked for.
+            rank_offsets = [(axis, off, n) for axis, (off, n) in enumerate(zip(offsets, stack))]
+            data = torch.empty(sizes, dtype=stored.properties.dtype)
+            request[str(i)] = ShardedTensor.from_rank_offsets(key, data, *rank_offsets, replica_id=0)
+        # One layer at a time: the request covers part of each stacked tensor, which mcore's access
+        # check (meant for a whole model's ranks) would refuse.
+        try:
+            loaded = dist_checkpointing.load(request, str(ckpt), validate_access_integrity=False)
+        except _READ_ERRORS as error:  # an unreadable layer is a finding, not a crash
+            report.tensors_checked += sum(len(s.sources) for s in group)
+            report.problems.append(f"round trip: {name}: cannot be read back: {_last_line(error)}")
+            continue
+        for i, slot in enumerate(group):
+            if str(i) in loaded:
+                _compare(slot, loaded[str(i)], reader, arch, report)
+
+
+def _last_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {(lines[-1] if lines else '')[:300]}"
+
+
+def _round_trip_legacy(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: Naming, report: VerifyReport) -> None:
+    state = torch.load(ckpt / LEGACY_FILE, map_location="cpu", mmap=True, weights_only=False)["model"]
+    reader = hf.reader()
+    for slot in slots(arch):
+        key = slot.state_key(naming)
+        if key not in state:
+            report.problems.append(f"round trip: {key} is not in {LEGACY_FILE}")
+            continue
+        _compare(slot, state[key], reader, arch, report)
+
+
+# -------------------------------------------------------------------------------------- logits
+
+
+def _stored_dtype(ckpt: Path, fmt: str) -> torch.dtype:
+    key = "embedding.word_embeddings.weight"
+    if fmt == "legacy":
+        return torch.load(ckpt / LEGACY_FILE, map_location="cpu", mmap=True, weights_only=False)["model"][key].dtype
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata[key].properties.dtype
+
+
+def _load_into(model, ckpt: Path, arch: Architecture, naming: Naming, fmt: str, report: VerifyReport) -> None:
+    """Load the checkpoint into the local-spec model, translating `naming` to local names."""
+    pairs = [(s.sharded_key("local"), s.sharded_key(naming), s.state_key("local"), s.state_key(naming))
+             for s in slots(arch)]
+    if fmt == "legacy":
+        state = torch.load(ckpt / LEGACY_FILE, map_location="cpu", weights_only=False)["model"]
+        to_local = {theirs: ours for _, _, ours, theirs in pairs}
+        wanted = model.state_dict()
+        translated = {to_local.get(k, k): v for k, v in state.items()}
+        missing = set(wanted) - set(translated)
+        if naming != "local":  # TE modules' extra states have other names; TE's loader tolerates them missing
+            missing = {k for k in missing if not k.endswith("_extra_state")}
+        report.missing_keys = sorted(missing)
+        # Extra states of TE modules have no local counterpart; anything else would be a stray tensor.
+        report.unexpected_keys = sorted(k for k in set(translated) - set(wanted) if not k.endswith("_extra_state"))
+        model.load_state_dict({k: v for k, v in translated.items() if k in wanted}, strict=False)
+        return
+
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    rename = {ours: theirs for ours, theirs, _, _ in pairs if ours != theirs}
+    request = model.sharded_state_dict()
+    for item in nested_values(request):
+        item.key = rename.get(item.key, item.key)
+    # Under "model", as Megatron-LM asks: load() merges common.pt (args, iteration, ...) into the result.
+    loaded, in_ckpt_only, requested_missing = dist_checkpointing.load(
+        {"model": request}, str(ckpt), strict=StrictHandling.RETURN_ALL)
+    # mcore's words: "missing" = in the checkpoint, not asked for; "unexpected" = asked for, not there.
+    other_naming_states = {e.module + "._extra_state" for e in extra_states(arch, naming)}
+    report.missing_keys = sorted(requested_missing)
+    report.unexpected_keys = sorted(k for k in in_ckpt_only if k not in other_naming_states)
+    if not report.missing_keys:
+        model.load_state_dict(loaded["model"])
+
+
+def _logits(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: Naming, fmt: str, spec: VerifySpec,
+            report: VerifyReport, strict_keys: bool) -> None:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from a4ray.convert import mcore_cpu
+
+    hf_logging.disable_progress_bar()  # one bar per load, in every job log otherwise
+
+    if arch.rope_type != "default":
+        report.problems.append(f"logits: rope_type {arch.rope_type!r} is not modelled by the verifier; "
+                               "set convert.verify.logits=false")
+        return
+    model = mcore_cpu.gpt_model(arch)
+    try:
+        _load_into(model, ckpt, arch, naming, fmt, report)
+    except _READ_ERRORS as error:  # a checkpoint the model cannot load fails the check
+        report.problems.append(f"logits: the checkpoint does not load into a megatron-core GPTModel: "
+                               f"{_last_line(error)}")
+        return
+    if report.missing_keys:
+        report.problems.append(f"logits: {len(report.missing_keys)} key(s) the model needs are not in the "
+                               f"checkpoint: {', '.join(report.missing_keys[:5])}")
+        return
+    if report.unexpected_keys and strict_keys:
+        report.problems.append(f"logits: {len(report.unexpected_keys)} checkpoint key(s) no model of this "
+                               f"naming asks for: {', '.join(report.unexpected_keys[:5])}")
+    tokens = torch.randint(0, arch.vocab, (spec.sequences, spec.seq_len), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(spec.seq_len).expand(spec.sequences, -1)
+    with torch.no_grad():
+        ours = model(input_ids=tokens, position_ids=positions, attention_mask=mcore_cpu.causal_mask(spec.seq_len))
+        del model
+        # The reference holds the weights rounded as the checkpoint stores them, then computes in fp32 too.
+        reference = AutoModelForCausalLM.from_pretrained(hf.path, dtype=_stored_dtype(ckpt, fmt),
+                                                         attn_implementation="eager")
+        theirs = reference.float().eval()(input_ids=tokens).logits
+    diff = (ours.float() - theirs.float()).abs().max().item()
+    peak = theirs.abs().max().item()
+    report.logits_checked = True
+    report.max_abs_diff = diff
+    report.max_rel_diff = diff / peak if peak else diff
+    report.logits_scale = peak
+    report.top1_agreement = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
+    if not diff <= spec.tolerance * max(1.0, peak):
+        report.problems.append(f"logits: max |diff| {diff:.3g} is above the tolerance {spec.tolerance:g} "
+                               f"x scale {max(1.0, peak):.3g}")

@@ -1,0 +1,375 @@
+"""HF -> Megatron-core conversion: real tiny Qwen3 / Qwen3-MoE checkpoints (transformers, random weights,
+GQA, several experts, sharded safetensors), converted by Ray tasks on the session's simulated A4 nodes
+and verified with megatron-core on CPU (logits against the HF model, and a tensor-by-tensor round trip).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from a4ray.convert import convert
+from a4ray.convert.hf import HFCheckpoint
+from a4ray.convert.mapping import Architecture, ExtraState, slots, to_hf, to_mcore
+from a4ray.convert.native import check_disk, check_memory
+from a4ray.convert.tiny import write_tiny
+from a4ray.errors import (
+    ConvertFailed,
+    ConvertInputError,
+    InsufficientResources,
+    SpecError,
+    UnsupportedModel,
+    VerifyFailed,
+)
+from tests.conftest import PYTHON, REPO, isolated_env, job
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf")
+    return {
+        "moe": write_tiny(root / "tiny-moe", moe=True, layers=3, experts=4, topk=2),
+        "dense": write_tiny(root / "tiny-dense", moe=False, layers=2, tied=True),
+    }
+
+
+def _spec(model: Path, output: Path, *sets: str, nodes: int = 2):
+    return job("convert", f"convert.input={model}", f"convert.output={output}", f"cluster.nodes={nodes}",
+               "cluster.gpus_per_node=2", "convert.tasks_per_node=2", *sets, workspace=output.parent / "ws")
+
+
+def _committed(output: Path) -> list[str]:
+    return sorted(p.name for p in output.iterdir()) if output.exists() else []
+
+
+# ------------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+def test_moe_converts_on_two_nodes_verifies_and_is_then_a_cache_hit(local_cluster, models, tmp_path):
+    out = tmp_path / "out"
+    first = convert(_spec(models["moe"], out))
+    assert first.ok and first.status == "ran"
+    v = first.verify
+    assert v.ok and v.logits_checked and v.max_abs_diff < 1e-4 and v.top1_agreement == 1.0
+    assert v.tensors_checked == v.tensors_equal == sum(len(s.sources) for s in slots(_arch(models["moe"])))
+    assert not v.missing_keys and not v.unexpected_keys
+    assert len({p.node for p in first.parts}) == 2, "parts ran on both simulated nodes"
+
+    root = Path(first.checkpoint)
+    assert root.parent == out and (out / "latest").resolve() == root
+    assert (root / "latest_checkpointed_iteration.txt").read_text() == "release"
+    release = root / "release"
+    assert json.loads((release / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
+    common = torch.load(release / "common.pt", weights_only=False)
+    assert common["args"].num_layers == 3 and common["args"].num_experts == 4 and common["checkpoint_version"] == 3.0
+    assert len(list(release.glob("__*_0.distcp"))) == len(first.parts) > 2
+    assert (root / "config.json").is_file() and not (root / "model.safetensors.index.json").exists()
+    record = json.loads((root / "a4ray-convert.json").read_text())
+    assert record["naming"] == "te" and record["layout"]["nodes"] == 2 and record["verify"]["ok"]
+
+    again = convert(_spec(models["moe"], out))
+    assert again.status == "cached" and again.checkpoint == first.checkpoint and again.verify.ok
+
+    # Another option is another conversion, next to the first: never written over it.
+    local = convert(_spec(models["moe"], out, "convert.naming=local", "convert.precision=bf16"))
+    assert local.status == "ran" and local.checkpoint != first.checkpoint and local.verify.ok
+    assert local.verify.max_abs_diff < 1e-4  # the reference holds the same bf16-rounded weights
+    assert (out / "latest").resolve() == Path(local.checkpoint)
+    assert json.loads((root / "a4ray-convert.json").read_text()) == record
+    assert _committed(out) == sorted([root.name, Path(local.checkpoint).name, "latest"])
+
+
+@pytest.mark.slow
+def test_dense_tied_embeddings_in_the_legacy_format(local_cluster, models, tmp_path):
+    result = convert(_spec(models["dense"], tmp_path / "out", "convert.naming=local", "convert.format=legacy",
+                           "convert.precision=bf16"))
+    assert result.ok and result.verify.ok and result.verify.max_abs_diff < 1e-4
+    state = torch.load(Path(result.checkpoint) / "release/mp_rank_00/model_optim_rng.pt", weights_only=False)["model"]
+    assert "output_layer.weight" not in state  # tied: mcore reuses the embedding
+    assert state["embedding.word_embeddings.weight"].dtype == torch.bfloat16
+
+
+@pytest.mark.slow
+def test_a_killed_task_commits_nothing_and_the_rerun_completes(local_cluster, models, tmp_path):
+    out = tmp_path / "out"
+    spec = _spec(models["moe"], out, "convert.max_mb_s_per_task=0.02", "name=killed")
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("error", _raises(convert, spec)))
+    thread.start()
+    victim = _wait_for_process("ray::a4ray-convert-killed-part-1", timeout=120)
+    time.sleep(0.5)  # mid-run: the throttled part writes for seconds
+    os.kill(victim, signal.SIGKILL)
+    thread.join(timeout=180)
+    error = outcome["error"]
+    assert isinstance(error, ConvertFailed), error
+    assert "part 1" in str(error) and "worker process died" in str(error)
+    assert [p for p in _committed(out) if p != ".failed"] == [], "nothing committed, no temporary left"
+
+    rerun = convert(_spec(models["moe"], out))
+    assert rerun.status == "ran" and rerun.verify.ok
+    assert (Path(rerun.checkpoint) / "release/.metadata").is_file()
+
+
+@pytest.mark.slow
+def test_pai_backend_runs_the_toolkit_script_on_every_node(local_cluster, models, tmp_path):
+    """Pai's converter needs Transformer Engine and GPUs; a stand-in for its run_8xH20.sh, with the same
+    contract, checks the positional arguments and env it is given on each node and writes what Pai's rank 0
+    writes (a TE-named torch_dist checkpoint under release/, made here by the native backend). What is tested
+    is a4ray's side: the gang launch, the env contract, the commit and the verification of a pai output."""
+    made = convert(_spec(models["moe"], tmp_path / "native"))
+    repo = tmp_path / "Pai-Megatron-Patch"
+    script = repo / "toolkits/distributed_checkpoints_convertor/scripts/qwen3/run_8xH20.sh"
+    script.parent.mkdir(parents=True)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    script.write_text(f"""#!/bin/bash
+set -euo pipefail
+[ "$(basename "$PWD")" = distributed_checkpoints_convertor ]
+[ $# -eq 6 ] && [ "$1" = A3B ] && [ "$4" = false ] && [ "$5" = true ] && [ "$6" = fp32 ]
+echo "$WORLD_SIZE $RANK $KUBERNETES_CONTAINER_RESOURCE_GPU $MASTER_ADDR $MASTER_PORT $2" > {seen}/node-$RANK
+if [ "$RANK" = 0 ]; then
+  mkdir -p "$3" && cp -r {made.checkpoint}/release "$3/" && echo release > "$3/latest_checkpointed_iteration.txt"
+fi
+""")
+    result = convert(_spec(models["moe"], tmp_path / "out", "convert.backend=pai", f"convert.pai.repo={repo}",
+                           "convert.pai.model_size=A3B", "convert.verify.enabled=true"))
+    assert result.ok and result.status == "ran" and result.verify.ok and result.verify.max_abs_diff < 1e-4
+    lines = sorted((seen / f"node-{r}").read_text().split() for r in (0, 1))
+    assert [line[:3] for line in lines] == [["2", "0", "2"], ["2", "1", "2"]]
+    assert lines[0][3:] == lines[1][3:] and lines[0][5] == str(models["moe"])
+
+
+def test_pai_and_swift_dry_runs_print_each_nodes_documented_command(tmp_path):
+    model = tmp_path / "Qwen3-30B-A3B"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 48, "hidden_size": 2048,
+        "num_experts": 128, "torch_dtype": "bfloat16"}))
+
+    def dry(*sets: str) -> dict:
+        result = tmp_path / "plan.json"
+        out = subprocess.run([PYTHON, "-m", "a4ray.cli", "convert", "--dry-run", "--result", str(result),
+                              "--set", f"convert.input={model}", *[a for s in sets for a in ("--set", s)]],
+                             env=isolated_env(tmp_path), capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(result.read_text())
+
+    pai = dry("convert.backend=pai", "convert.pai.repo=/opt/pai", "cluster.nodes=2")
+    toolkit = "/opt/pai/toolkits/distributed_checkpoints_convertor"
+    for rank, node in enumerate(pai["nodes"]):
+        assert node["cwd"] == toolkit
+        assert node["argv"][:4] == ["bash", "scripts/qwen3/run_8xH20.sh", "A3B", str(model)]
+        assert node["argv"][5:] == ["false", "true", "bf16"] and "/.tmp-" in node["argv"][4]
+        assert node["env"]["WORLD_SIZE"] == "2" and node["env"]["RANK"] == str(rank)
+        assert node["env"]["KUBERNETES_CONTAINER_RESOURCE_GPU"] == "8"
+        assert {"MASTER_ADDR", "MASTER_PORT"} <= set(node["env"])
+
+    swift = dry("convert.backend=swift", "cluster.nodes=1", "convert.swift.version=3.8.0")
+    (node,) = swift["nodes"]
+    assert node["argv"][:6] == ["swift", "export", "--model", str(model), "--to_mcore", "true"]
+    assert node["argv"][6:8] == ["--torch_dtype", "bfloat16"] and node["argv"][8] == "--output_dir"
+
+    multi = dry("convert.backend=swift", "cluster.nodes=1", "convert.swift.version=3.12.0",
+                "convert.swift.nproc_per_node=8", "convert.swift.expert_model_parallel_size=8")
+    (node,) = multi["nodes"]
+    assert node["argv"][:2] == ["megatron", "export"] and "--save" in node["argv"]
+    assert node["argv"][node["argv"].index("--expert_model_parallel_size") + 1] == "8"
+    assert node["env"]["NPROC_PER_NODE"] == "8"
+
+    skipped = dry("convert.backend=swift", "cluster.nodes=1", "convert.swift.version=4.5.2")
+    assert skipped["nodes"] == [] and any("trains from the HF safetensors directly" in d for d in skipped["details"])
+
+
+# -------------------------------------------------------------------------------- bad input
+
+
+def test_bad_inputs_get_errors_that_name_the_problem(models, tmp_path):
+    next_dir = tmp_path / "next"
+    next_dir.mkdir()
+    shutil.copy(models["moe"] / "config.json", next_dir / "config.json")
+    config = json.loads((next_dir / "config.json").read_text())
+    (next_dir / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3NextForCausalLM"]}))
+    with pytest.raises(UnsupportedModel, match="Qwen3ForCausalLM, Qwen3MoeForCausalLM") as err:
+        Architecture.from_config(json.loads((next_dir / "config.json").read_text()), "input x")
+    assert "backend: pai" in str(err.value)
+
+    broken = tmp_path / "broken"
+    shutil.copytree(models["moe"], broken)
+    victim = sorted(broken.glob("model-*.safetensors"))[1]
+    victim.unlink()
+    with pytest.raises(ConvertInputError, match=victim.name):
+        HFCheckpoint.open(broken)
+
+    wrong = tmp_path / "wrong"
+    shutil.copytree(models["moe"], wrong)
+    (wrong / "config.json").write_text(json.dumps({**config, "moe_intermediate_size": 48}))
+    hf = HFCheckpoint.open(wrong)
+    with pytest.raises(ConvertInputError, match=r"gate_proj.weight in .*shape \[32, 64\], config.json implies \[48"):
+        hf.check(slots(hf.architecture()))
+
+    with pytest.raises(InsufficientResources, match="free"):
+        check_disk(tmp_path, 10**18)
+
+    with pytest.raises(SpecError, match="convert.naming=local"):
+        from a4ray.convert.workload import ConvertWorkload
+
+        ConvertWorkload(job("convert", "convert.input=x", "convert.backend=pai", "convert.naming=local")).check()
+
+
+def test_the_cache_key_follows_the_input(tmp_path):
+    from a4ray.convert.hf import fingerprint
+
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 10)
+    first = fingerprint(tmp_path)
+    assert fingerprint(tmp_path) == first
+    (tmp_path / "model.safetensors").write_bytes(b"y" * 11)
+    assert fingerprint(tmp_path) != first
+    (tmp_path / "manifest.json").write_text('{"files": {"model.safetensors": {"sha256": "abc"}}}')
+    staged = fingerprint(tmp_path)
+    assert staged["kind"] == "staging-manifest"
+    (tmp_path / "model.safetensors").touch()  # staging's manifest, not file times, identifies a staged input
+    assert fingerprint(tmp_path) == staged
+
+
+def test_temporaries_of_dead_runs_are_swept_and_live_ones_kept(tmp_path):
+    import socket
+
+    from a4ray.convert.cache import OWNER, OutputDir
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for name, pid in ((".tmp-aaaa-dead", dead.pid), (".tmp-aaaa-live", os.getpid())):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / OWNER).write_text(json.dumps({"host": socket.gethostname(), "pid": pid}))
+    fresh = OutputDir(tmp_path, "b" * 64).temporary()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".tmp-aaaa-live", fresh.name])
+
+
+def test_too_little_memory_is_refused_before_anything_runs(local_cluster):
+    with pytest.raises(InsufficientResources, match="lower convert.tasks_per_node"):
+        check_memory(job("convert", "cluster.nodes=2"), 10**15, "the conversion")
+
+
+@pytest.mark.slow
+def test_a_failed_conversion_leaves_no_checkpoint(local_cluster, models, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(models["moe"], broken)
+    (broken / "config.json").write_text(json.dumps({**json.loads((broken / "config.json").read_text()),
+                                                    "hidden_size": 96}))
+    with pytest.raises(ConvertInputError, match="do not match config.json"):
+        convert(_spec(broken, tmp_path / "out"))
+    assert _committed(tmp_path / "out") == []
+
+
+# ----------------------------------------------------------------------------------- mapping
+
+
+def test_qkv_is_interleaved_per_query_group_and_maps_back():
+    arch = Architecture(family="qwen3", layers=1, hidden=4, heads=4, groups=2, head_dim=1, ffn=8, vocab=8,
+                        tied=False, norm_eps=1e-6, rope_theta=1e6, rope_type="default", max_positions=8,
+                        dtype="float32")
+    slot = next(s for s in slots(arch) if s.role == "qkv")
+    q = torch.arange(4.0)[:, None].expand(4, 4)  # query heads 0..3
+    k, v = 10 + torch.arange(2.0)[:, None].expand(2, 4), 20 + torch.arange(2.0)[:, None].expand(2, 4)
+    fused = to_mcore(slot, [q, k, v], arch)
+    # group g = [its query heads, its key head, its value head]
+    assert fused[:, 0].tolist() == [0, 1, 10, 20, 2, 3, 11, 21]
+    assert all(torch.equal(a, b) for a, b in zip(to_hf(slot, fused, arch), [q, k, v]))
+
+
+@pytest.mark.parametrize("refuse", ["", "copy_file_range", "skip_data"])
+def test_spliced_records_load_as_the_tensor_they_stand_for(tmp_path, monkeypatch, refuse):
+    """A record whose bytes the kernel copies in from the input loads as that tensor, also where the
+    kernel refuses to copy between the two filesystems or torch.save leaves no room for the bytes."""
+    import contextlib
+    import errno
+    import io
+
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
+
+    from a4ray.convert import writer
+
+    def cross_device(*args):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    source = torch.arange(24, dtype=torch.float32)
+    (tmp_path / "src.bin").write_bytes(b"head" + source.numpy().tobytes())
+    if refuse == "copy_file_range":
+        monkeypatch.setattr(os, "copy_file_range", cross_device)
+    if refuse == "skip_data":
+        monkeypatch.setattr(torch.serialization, "skip_data", contextlib.nullcontext)
+    fd = os.open(tmp_path / "src.bin", os.O_RDONLY)
+    # rows 4..5 then rows 0..1 of a [6, 4] tensor: two runs, reordered
+    splice = writer.Splice((4, 4), torch.float32, [(fd, 4 + 64, 32), (fd, 4, 32)])
+    plan = writer.FileSystemWriter(".").prepare_global_plan(
+        [SavePlan([WriteItem(index=MetadataIndex("t"), type=WriteItemType.TENSOR)])])[0]
+    (result,) = writer.write_part(tmp_path, plan, lambda item: splice)
+    os.close(fd)
+    info = result.storage_data
+    record = (tmp_path / info.relative_path).read_bytes()[info.offset:info.offset + info.length]
+    loaded = torch.load(io.BytesIO(record), weights_only=True)
+    assert torch.equal(loaded, torch.cat([source.view(6, 4)[4:], source.view(6, 4)[:2]]))
+
+
+def test_extra_state_names_are_mcores_sharded_object_keys():
+    extra = ExtraState("decoder.layers.mlp.experts.experts.linear_fc1", (0, 1), (2, 4), "layer 0")
+    assert extra.fqn == "decoder.layers.mlp.experts.experts.linear_fc1._extra_state/shard_0.1_2.4"
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+def _arch(model: Path) -> Architecture:
+    return HFCheckpoint.open(model).architecture()
+
+
+def _raises(fn, *args):
+    try:
+        fn(*args)
+    except Exception as error:  # noqa: BLE001 - returned for the test to inspect
+        return error
+    return None
+
+
+def _wait_for_process(title: str, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if title in " ".join(proc.info["cmdline"] or []):
+                return proc.info["pid"]
+        time.sleep(0.1)
+    raise AssertionError(f"no process {title!r} within {timeout}s")
+
+
+@pytest.mark.slow
+def test_verification_catches_a_corrupted_checkpoint(local_cluster, models, tmp_path):
+    """Converted without verification, then one tensor's bytes are damaged on disk: verifying the cached
+    conversion must fail, name what differs, and take the checkpoint out of service."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    out = tmp_path / "out"
+    unverified = convert(_spec(models["moe"], out, "convert.verify.enabled=false"))
+    assert unverified.status == "ran" and unverified.verify is None
+    release = Path(unverified.checkpoint) / "release"
+    storage = FileSystemReader(str(release)).read_metadata().storage_data
+    where = next(info for index, info in storage.items()
+                 if index.fqn == "decoder.layers.self_attention.linear_qkv.weight" and index.offset[0] == 1)
+    with open(release / where.relative_path, "r+b") as f:  # inside the tensor's payload: readable, wrong
+        f.seek(where.offset + where.length // 2)
+        f.write(bytes(64))
+    with pytest.raises(VerifyFailed, match=r"round trip: model.layers.1.self_attn.[qkv]_proj.weight differs"):
+        convert(_spec(models["moe"], out))
+    assert not (out / "latest").exists() and not Path(unverified.checkpoint).exists()
+    assert list((out / ".failed").iterdir())
