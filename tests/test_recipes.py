@@ -255,4 +255,7 @@ def test_without_a_cluster_the_local_profile_is_used_or_the_gap_is_named(monkeyp
         spec = load_job(REPO / "jobs" / f"{kind}_local.yaml")
         assert spec.kind == kind and spec.train.trainer == "torch" and spec.cluster.nodes == 2 and spec.standins
         assert {a.source.split("/")[1] for a in spec.artifacts} == {"standins"}
-        assert "skipped: the built-in trainer trains from the Hugging Face checkpoint" in plan(spec)
+    # Qwen3-Next: no local converter (Pai's needs TE and GPUs); Qwen3-MoE: the native converter rehearses it.
+    assert "skipped: the built-in trainer trains from the Hugging Face checkpoint" in plan(
+        load_job(REPO / "jobs" / "qwen3_next_local.yaml"))
+    assert "[convert] a4ray's native converter: Ray tasks over layer ranges" in plan(load_job(REPO / "jobs/qwen3_local.yaml"))

@@ -61,12 +61,9 @@ def precision_name(precision: str, config_dtype: str) -> str:
 def pai_launch(node: NodeContext, c: ConvertSpec, repo: str, model: tuple[str, str], input_dir: str,
                save_dir: str, config_dtype: str) -> Launch:
     size, script = model
-    env = {
-        "WORLD_SIZE": str(node.nnodes), "RANK": str(node.rank),
-        "KUBERNETES_CONTAINER_RESOURCE_GPU": str(node.gpus),
-        "MASTER_ADDR": node.master_addr, "MASTER_PORT": str(node.master_port),
-        "OMP_NUM_THREADS": str(c.pai.omp_num_threads),
-    }
+    from a4ray.workloads.pai import pai_contract_env
+
+    env = {**pai_contract_env(node), "OMP_NUM_THREADS": str(c.pai.omp_num_threads)}
     if c.pai.model_parallel_args:
         env["MODEL_PARALLEL_ARGS"] = c.pai.model_parallel_args
     argv = ["bash", script, size, input_dir, save_dir, "false", "true" if c.pai.use_cuda else "false",

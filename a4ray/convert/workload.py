@@ -237,6 +237,7 @@ class ConvertWorkload(Workload[ConvertJob]):
                 for line in native_plan.describe():
                     say(f"convert: {line}")
                 parts = self._run_native(job.hf, native_plan, tmp)
+                _copy_tokenizer(job.source, tmp)
             else:
                 parts = []
                 self._run_gang(tmp, run_dir)
@@ -314,7 +315,7 @@ class ConvertWorkload(Workload[ConvertJob]):
         from a4ray.convert.writer import TRACKER
 
         self.paths.save = str(tmp)
-        gang_result = super().execute(None, run_dir).gang  # the default execute: one gang launch of `launch`
+        gang_result = super().run_job(None, run_dir).gang  # the default: a gang launch of `launch` per attempt
         if not gang_result.ok:
             raise ConvertFailed(f"{self.spec.convert.backend} conversion failed: {gang_result.failure}",
                                 hint=f"per-node logs: {gang_result.log_dir}")
@@ -398,3 +399,17 @@ def _git_head(repo: str) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+# What Pai's converter copies next to the checkpoint (`*.json`, `merges.txt`), plus the other tokenizer
+# files a Qwen tokenizer may use: Pai's trainer loads its tokenizer from the checkpoint directory.
+_TOKENIZER_FILES = ("*.json", "merges.txt", "vocab.txt", "tokenizer.model", "*.tiktoken")
+
+
+def _copy_tokenizer(source: Path, checkpoint: Path) -> None:
+    import shutil
+
+    for pattern in _TOKENIZER_FILES:
+        for path in source.glob(pattern):
+            if path.is_file() and path.name != "model.safetensors.index.json":
+                shutil.copy2(path, checkpoint / path.name)

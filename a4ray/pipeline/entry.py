@@ -96,7 +96,7 @@ def _shown(path: Path) -> str:
 def a4_summary(kind: str, sets: list[str], result) -> str:
     """After a local rehearsal: the outputs, and what the same pipeline launches on A4 (the recipe's defaults)."""
     from a4ray.pipeline import check
-    from a4ray.pipeline.steps import Convert, Train, convert_job, train_workload
+    from a4ray.pipeline.steps import Convert, Train, convert_job, convert_plan, train_workload
     from a4ray.spec import load_job
 
     lines = ["", f"outputs of this rehearsal (run directory {result.run_dir}):"]
@@ -118,12 +118,8 @@ def a4_summary(kind: str, sets: list[str], result) -> str:
     if convert.not_needed():
         lines.append(f"  convert: skipped: {convert.not_needed()}")
     else:
-        from a4ray.pipeline import convert_adapter
-
-        text = convert_adapter.plan(convert_job(a4))
         lines.append(f"  convert: {convert.runs()} -> {convert.latest(ws)}")
-        lines += [f"    {line}" for line in (text.splitlines() if text else [
-            "(its per-node commands: `--dry-run`, once a4ray.convert is installed)"])]
+        lines += [f"    {line}" for line in convert_plan(convert_job(a4)).splitlines()]
     lines.append("  preflight: a4ray doctor on every node of the gang")
     work = train_workload(a4, ws)
     lines.append(f"  train: {Train(a4).runs()}")

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from a4ray.console import say
 from a4ray.errors import A4RayError, SpecError, StagingFailed, StepError
-from a4ray.pipeline import convert_adapter, nodefs
+from a4ray.pipeline import nodefs
 from a4ray.rundir import RunDir
 from a4ray.spec.convert import ConvertJob
 from a4ray.spec.recipes import RecipeJob
@@ -142,12 +142,19 @@ def convert_job(spec: RecipeJob) -> ConvertJob:
                       storage=spec.storage, restart=spec.restart, observe=spec.observe, convert=section)
 
 
+def convert_plan(job: ConvertJob) -> str:
+    """The conversion's dry-run plan: the native plan of parts, or the pai/swift per-node commands."""
+    from a4ray.convert.workload import ConvertWorkload
+
+    return ConvertWorkload(job).plan().render()
+
+
 class Convert(Step):
     name = "convert"
 
     def not_needed(self) -> str | None:
         t = self.spec.train
-        if t.trainer == "torch":
+        if t.trainer == "torch" and self.spec.convert.backend != "native":
             return ("the built-in trainer trains from the Hugging Face checkpoint (train.model); with "
                     f"train.trainer=pai this step runs the {self.spec.convert.backend} converter")
         if t.trainer == "swift":
@@ -175,13 +182,14 @@ class Convert(Step):
 
     def plan(self, workspace: str) -> list[str]:
         job = convert_job(self.spec)
-        text = convert_adapter.plan(job)
         source = self.spec.on_nodes(workspace, job.convert.input)
         head = [f"{job.convert.backend} backend: {source} -> {self.latest(workspace)}"]
-        return head + (text.splitlines() if text else ["(the per-node commands come with a4ray.convert)"])
+        return head + convert_plan(job).splitlines()
 
     def run(self, ctx: Context) -> StepResult:
-        result = convert_adapter.convert(convert_job(self.spec))
+        from a4ray.convert import convert
+
+        result = convert(convert_job(self.spec))
         if not result.ok:
             raise StepError(self.name, result.verdict)
         ctx.checkpoint = result.checkpoint or self.latest(ctx.workspace)
