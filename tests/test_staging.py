@@ -362,3 +362,18 @@ def test_local_job_stages_the_standins_then_caches(local_cluster, tmp_path):
     assert AutoConfig.from_pretrained(ckpt).model_type == "qwen3_next"
     assert len(IndexedDataset(str(ws / "datasets" / "qwen-mmap" / "mmap_qwen3_datasets_text_document"))) == 256
     assert "OK: 3 artifact(s) (3 cached)" in runs[1].stdout
+
+
+def test_a_local_source_that_changed_is_staged_again(local_cluster, tmp_path):
+    """A file:// directory can change under its path (regenerated stand-ins): a cache hit is checked
+    against the source's files (one stat each), and a changed source is restaged, not served stale."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "weights.bin").write_bytes(b"v1" * 1000)
+    spec = stage_job(tmp_path, {"name": "model", "source": f"file://{source}", "target": "model"})
+    first = stage(spec, display=QUIET)
+    again = stage(spec, display=QUIET)
+    (source / "weights.bin").write_bytes(b"v2" * 1500)
+    changed = stage(spec, display=QUIET)
+    assert [r.artifacts[0].status for r in (first, again, changed)] == ["ran", "cached", "ran"]
+    assert (published(changed, "model") / "weights.bin").read_bytes() == b"v2" * 1500

@@ -1,4 +1,4 @@
-"""Tiny random Qwen3 / Qwen3-MoE Hugging Face checkpoints, for conversion tests and benchmarks.
+"""Tiny random Qwen3 / Qwen3-MoE Hugging Face checkpoints: conversion tests, benchmarks, rehearsal stand-ins.
 
 Real transformers models (Qwen3ForCausalLM / Qwen3MoeForCausalLM) with every parameter drawn at random,
 norms included (a norm left at 1.0 would hide a swapped mapping), saved with `save_pretrained` as several
@@ -15,12 +15,14 @@ import torch
 def write_tiny(path: str | Path, *, moe: bool = True, layers: int = 2, hidden: int = 64, heads: int = 4,
                kv_heads: int = 2, head_dim: int = 16, ffn: int = 128, experts: int = 4, topk: int = 2,
                moe_ffn: int = 32, vocab: int = 128, tied: bool = False, dtype: torch.dtype = torch.float32,
-               shard_size: str = "64KB", seed: int = 0) -> Path:
+               shard_size: str = "64KB", seed: int = 0, **config) -> Path:
+    """Write the checkpoint to `path`; `config` adds or overrides config fields (token ids, max positions)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
                   tie_word_embeddings=tied, max_position_embeddings=256, rope_theta=1e6)
+    common.update(config)
     if moe:
         config = Qwen3MoeConfig(**common, num_experts=experts, num_experts_per_tok=topk,
                                 moe_intermediate_size=moe_ffn, norm_topk_prob=True)

@@ -24,7 +24,7 @@ import sys
 import warnings
 from pathlib import Path
 
-VERSION = "1"  # bump when the stand-ins change; an existing set of another version is remade
+VERSION = "2"  # bump when the stand-ins change; an existing set of another version is remade
 _STAMP = ".a4ray-standin"
 SEED = 1234
 VOCAB = 512
@@ -75,15 +75,14 @@ def _save_checkpoint(model, out: Path, tokenizer_dir: Path) -> None:
 
 def make_qwen3_moe(out: Path, tokenizer_dir: Path) -> None:
     import torch
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    torch.manual_seed(SEED)
-    config = Qwen3MoeConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
-        max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=0, pad_token_id=0, bos_token_id=None,
-    )
-    _save_checkpoint(Qwen3MoeForCausalLM(config), out, tokenizer_dir)
+    from a4ray.convert.tiny import write_tiny
+
+    write_tiny(out, moe=True, layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, experts=8, topk=2,
+               moe_ffn=32, vocab=VOCAB, dtype=torch.bfloat16, shard_size="256KB", seed=SEED,
+               max_position_embeddings=512, eos_token_id=0, pad_token_id=0, bos_token_id=None)
+    for f in tokenizer_dir.iterdir():
+        shutil.copy2(f, out / f.name)
 
 
 def make_qwen3_next(out: Path, tokenizer_dir: Path) -> None:

@@ -136,12 +136,17 @@ class _Staging:
 
     def _run_locked(self) -> ArtifactOutcome:
         check = check_published(self.paths, self.fingerprint)
+        source = source_for(self.artifact, self.req.options)
         if check.state == "hit":
             assert check.manifest is not None
-            digest = hashlib.sha256(self.paths.manifest.read_bytes()).hexdigest()
-            return self.outcome("cached", check.manifest, digest)
-        source = source_for(self.artifact, self.req.options)
-        if check.state != "absent":
+            version = source.version()
+            if version is None or version == check.manifest.resolved:
+                digest = hashlib.sha256(self.paths.manifest.read_bytes()).hexdigest()
+                return self.outcome("cached", check.manifest, digest)
+            # The source itself changed since it was staged (a regenerated local directory): restage it.
+            self.reporter.update(phase="listing", note="the source changed since it was staged")
+            self._set_aside(source)
+        elif check.state != "absent":
             if not self.req.options.replace:
                 raise self.error(check.detail, hint="restage it with --replace (staging.replace=true; files "
                                  "that verify are reused), or give this artifact another target")

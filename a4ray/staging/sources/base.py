@@ -57,6 +57,11 @@ class Source(ABC):
         self.options = options
         self.ref: SourceRef = artifact.ref
 
+    def version(self) -> str | None:
+        """The source's current version where it can change under the same URI (a local directory), so a
+        cache hit can be checked against it; None for immutable sources (a commit, a pinned revision)."""
+        return None
+
     def error(self, message: str, hint: str | None = None) -> StagingError:
         return StagingError(self.artifact.name, message, hint=hint)
 

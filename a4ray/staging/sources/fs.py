@@ -8,6 +8,8 @@ are checked against the md5 the bucket stores.
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -55,7 +57,13 @@ class FsSource(Source):
                        if d.get("type") == "file" and path.startswith(base)}
             self.single = False
         names = select(entries, self.artifact)
-        return Listing([RemoteFile(n, int(entries[n]["size"]), _digests(entries[n])) for n in names])
+        # A local directory can change under its path (regenerated stand-ins): its version is what each
+        # file's stat says, recorded in the manifest and checked on every cache hit.
+        version = _stat_digest({n: entries[n] for n in names}) if self.local else None
+        return Listing([RemoteFile(n, int(entries[n]["size"]), _digests(entries[n])) for n in names], resolved=version)
+
+    def version(self) -> str | None:
+        return self.list(None).resolved if self.local else None
 
     def _remote(self, name: str) -> str:
         return self.root if self.single else f"{self.root.rstrip('/')}/{name}"
@@ -77,6 +85,11 @@ class FsSource(Source):
 
     def junk(self, partial: Path) -> list[Path]:
         return list(partial.rglob(f"*{PART}"))
+
+
+def _stat_digest(entries: dict[str, dict]) -> str:
+    stats = sorted((name, int(info["size"]), float(info.get("mtime", 0))) for name, info in entries.items())
+    return "stat:" + hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
 
 
 def _digests(info: dict) -> dict[str, str]:
