@@ -16,15 +16,15 @@ from a4ray.runtime.gang import Gang
 from a4ray.runtime.restart import should_retry
 from a4ray.runtime.signals import sigterm_as_interrupt
 from a4ray.spec.job import JobSpec
-from a4ray.workloads import WORKLOADS
-from a4ray.workloads.base import Workload, WorkloadResult
+from a4ray.workloads.base import Workload, WorkloadResult, registered
 
 
 def workload_for(spec: JobSpec) -> Workload:
+    known = registered()
     try:
-        return WORKLOADS[spec.kind](spec)
+        return known[spec.kind](spec)
     except KeyError:
-        raise KeyError(f"no workload runs job kind {spec.kind!r} (known: {', '.join(sorted(WORKLOADS))})") from None
+        raise KeyError(f"no workload runs job kind {spec.kind!r} (known: {', '.join(sorted(known))})") from None
 
 
 def run(spec: JobSpec, *, address: str | None = None, local_nodes: int | None = None,

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from a4ray.trainer import checkpoint
 from a4ray.trainer.data import IGNORE, Batches, SFTRecords, TokenWindows
+from a4ray.workloads.distributed import init_distributed
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m a4ray.trainer", description=__doc__)
@@ -55,19 +56,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def setup(args: argparse.Namespace) -> tuple[torch.device, str]:
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    gpu = torch.cuda.is_available() and torch.cuda.device_count() > local_rank
-    backend = args.backend if args.backend != "auto" else ("nccl" if gpu else "gloo")
-    if backend == "nccl":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
+    device, backend = init_distributed(args.backend)
+    if backend == "gloo":  # CPU ranks of one node share its cores
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         torch.set_num_threads(args.threads or int(os.environ.get("OMP_NUM_THREADS", "0"))
                               or max(1, (os.cpu_count() or 1) // local_world))
-        dist.init_process_group("gloo")
     return device, backend
 
 

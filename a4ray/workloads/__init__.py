@@ -1,7 +1,5 @@
-"""Workloads: what a node of the gang runs. Importing this registers every workload by job kind."""
+"""Workloads: what a node of the gang runs (`base.Workload`), and the programs ranks run under torchrun.
 
-from a4ray.workloads import command, ddp_test, deepep, nccl_test  # noqa: F401
-from a4ray.convert import workload as _convert  # noqa: F401  (the `convert` job kind)
-from a4ray.workloads.base import WORKLOADS, Plan, Workload, WorkloadResult
-
-__all__ = ["WORKLOADS", "Plan", "Workload", "WorkloadResult"]
+Kept free of imports: a rank's program (`python -m a4ray.workloads.ddp_worker`) imports this package,
+and must not pay for Ray and every workload on each of its processes. `base.registered()` loads them.
+"""

@@ -22,6 +22,20 @@ S = TypeVar("S", bound=JobSpec)
 WORKLOADS: dict[str, type[Workload]] = {}
 
 
+# The modules that define workloads (each registers itself with @workload when imported).
+_MODULES = ("a4ray.workloads.command", "a4ray.workloads.ddp_test", "a4ray.workloads.deepep",
+            "a4ray.workloads.nccl_test", "a4ray.convert.workload")
+
+
+def registered() -> dict[str, type[Workload]]:
+    """Every workload by job kind."""
+    import importlib
+
+    for module in _MODULES:
+        importlib.import_module(module)
+    return WORKLOADS
+
+
 def workload(cls: type[Workload]) -> type[Workload]:
     """Register a workload class for its job kind (so `a4ray.run(spec)` finds it)."""
     WORKLOADS[cls.kind] = cls

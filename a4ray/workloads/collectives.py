@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from a4ray.spec.nccl import COLLECTIVES, format_size, parse_size
+from a4ray.workloads.distributed import init_distributed
 
 # torch 2.13 renamed the tensor-in, tensor-out collectives; older images have only the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -225,14 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown collectives {unknown}" if unknown else
                 f"need -f >= 2 and -b <= -e (got -b {format_size(args.min_bytes)} -e {format_size(args.max_bytes)})")
 
-    backend = args.backend if args.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    device, backend = init_distributed(args.backend)
     if backend == "gloo":
         args.min_bytes = args.cpu_min_bytes or args.min_bytes
         args.max_bytes = max(args.min_bytes, args.cpu_max_bytes or args.max_bytes)

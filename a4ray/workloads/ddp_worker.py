@@ -20,6 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from a4ray.workloads.distributed import init_distributed
+
 
 def _flat(tensors) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1).float() for t in tensors])
@@ -45,14 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
-    backend = args.backend if args.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    device, backend = init_distributed(args.backend)
 
     # The seeds' check: every rank contributes its rank; all must see sum(range(world)).
     probe = torch.full((1024,), float(rank), device=device)

@@ -1,0 +1,24 @@
+"""How every a4ray program run by torchrun joins its process group: NCCL on this rank's GPU, else gloo."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def init_distributed(backend: str = "auto") -> tuple[torch.device, str]:
+    """Join the torchrun job's process group. `auto`: NCCL where this rank has a GPU (LOCAL_RANK picks it;
+    one actor per node hands torchrun all the node's GPUs), gloo on CPU. Returns (device, backend)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo"
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return device, backend
