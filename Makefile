@@ -33,7 +33,7 @@ rehearsal-stage: install
 	$(VENV)/bin/a4ray stage -f jobs/qwen3_next_local.yaml
 
 test: system-deps install
-	$(PY) -m pytest
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest  # the venv's `ray` CLI too, as in an activated venv
 
 # The rendered KubeRay manifests in kuberay/ (see kuberay/manifests.txt); a test keeps them current.
 kuberay: install

@@ -69,7 +69,7 @@ def test_where_and_summary():
 
 
 def failed(kind="failed", code=1, lines=(), iterations=0) -> GangResult:
-    node = NodeResult(rank=1, hostname="h", ip="1.1.1.1", node_id="x", location="", status="failed",
+    node = NodeResult(rank=1, gang_rank=1, hostname="h", ip="1.1.1.1", node_id="x", location="", status="failed",
                       exit_code=code, last_lines=list(lines))
     return GangResult(job="j", launch_id="l", ok=False, failure=f"node 1 failed ({kind})", failure_kind=kind,
                       failed_node=1, nodes=[node], iterations_seen=iterations, last_iteration=iterations or None)
