@@ -110,7 +110,7 @@ def test_ray_job_submit_onto_a4ray_local_up(tmp_path):
     env = isolated_env(tmp_path, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     port = free_port()
     head = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "local", "up", "--nodes", "2", "--gpus-per-node", "1",
-                             "--dashboard-port", str(port)], cwd=REPO, env=env,
+                             "--dashboard-port", str(port)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for line in head.stdout:
@@ -131,6 +131,10 @@ def test_ray_job_submit_onto_a4ray_local_up(tmp_path):
                               capture_output=True, text=True, timeout=60).stdout
         assert "cluster: Ray cluster at" in logs and "(from RAY_ADDRESS" in logs
         assert "[n0 r0]" in logs and "[n1 r1]" in logs and "PASS: 2/2 ranks over 2 nodes" in logs
+        # The run directory is where `a4ray local up` was started, not in the job's temporary working_dir copy.
+        results = list(tmp_path.glob(".a4ray/runs/ddp-test-*/result.json"))
+        assert len(results) == 1 and json.loads(results[0].read_text())["ok"], results
+        assert sorted(p.name for p in results[0].parent.glob("logs/node-*.log")), "per-node logs survive the job"
     finally:
         head.send_signal(signal.SIGINT)
         head.wait(timeout=60)

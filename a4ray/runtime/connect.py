@@ -18,7 +18,7 @@ import ray
 
 from a4ray.console import say
 from a4ray.errors import ConnectError
-from a4ray.runtime.local import SIMULATED_LABEL, SimulatedCluster
+from a4ray.runtime.local import LOCAL_ROOT_ENV, SIMULATED_LABEL, SimulatedCluster
 from a4ray.spec.cluster import ClusterSpec
 
 NAMESPACE = "a4ray"  # named actors (staging owners, ...) are found across jobs in this namespace
@@ -39,8 +39,11 @@ class Connection:
         return any(n.get("Labels", {}).get(SIMULATED_LABEL) == "true" for n in ray.nodes() if n.get("Alive"))
 
     def workspace(self, shared: str, local: str) -> Path:
-        """The workspace root: shared storage on a real cluster, a local directory when simulated."""
-        return Path(local).resolve() if self.simulated else Path(shared)
+        """The workspace root: shared storage on a real cluster, a local directory when simulated (a
+        relative one under the directory the simulated cluster was started in)."""
+        if not self.simulated:
+            return Path(shared)
+        return (Path(os.environ.get(LOCAL_ROOT_ENV) or os.getcwd()) / local).resolve()
 
     def close(self) -> None:
         if self._owns_ray and ray.is_initialized():

@@ -19,6 +19,10 @@ from a4ray.console import say, warn
 from a4ray.spec.cluster import TopologySpec
 
 SIMULATED_LABEL = "a4ray.io/simulated"
+# Where relative local paths (storage.local_workspace) resolve on a simulated cluster: the directory it was
+# started in. Every node's processes get it, because the driver of a `ray job submit` runs in a temporary
+# copy of its working_dir, which Ray deletes when the job ends (taking any run directory inside along).
+LOCAL_ROOT_ENV = "A4RAY_LOCAL_ROOT"
 NODES_PER_SUBBLOCK = 4  # so a simulated topology has more than one subblock to order
 
 
@@ -74,6 +78,7 @@ class SimulatedCluster:
         self.persistent = persistent
         self.loopback_ips = loopback_ips
         self.node_env = node_env or {}  # extra env of one node's processes (e.g. a misconfigured node)
+        self.root = os.environ.get(LOCAL_ROOT_ENV) or os.getcwd()  # relative local paths resolve here
         self.cluster = None
         self.workers: dict[int, object] = {}  # simulated node index -> ray._private.node.Node
         self._gpu_slices: list[str] | None = None
@@ -98,7 +103,7 @@ class SimulatedCluster:
                  f"GPUs; this machine has {len(physical)}: simulated GPUs are logical only")
         # The head's dashboard agent would take the fixed port 52365; another Ray on this machine may
         # hold it, and then job submission finds no agent. Workers already get random ports.
-        head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard,
+        head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard, env_vars={LOCAL_ROOT_ENV: self.root},
                     object_store_memory=128 * 2**20, dashboard_agent_listen_port=_free_port())
         if self.dashboard and self.dashboard_port:
             head["dashboard_port"] = self.dashboard_port
@@ -113,7 +118,7 @@ class SimulatedCluster:
         assert self.cluster is not None
         if index is None:
             index = max(self.workers, default=-1) + 1
-        env = {**self._separate_host_env(index), **self.node_env.get(index, {})}
+        env = {LOCAL_ROOT_ENV: self.root, **self._separate_host_env(index), **self.node_env.get(index, {})}
         if self._gpu_slices is not None and (index + 1) * self.gpus_per_node <= len(self._gpu_slices):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(
                 self._gpu_slices[index * self.gpus_per_node:(index + 1) * self.gpus_per_node])
@@ -123,7 +128,11 @@ class SimulatedCluster:
         node = self.cluster.add_node(
             num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node,
             resources={self.machine_type: 1}, labels=labels, env_vars=env,
-            object_store_memory=self.object_store_mb * 2**20, **ip,
+            object_store_memory=self.object_store_mb * 2**20,
+            # Each machine unpacks a job's working_dir into its own runtime-resources directory, and each
+            # node's agent replaces that copy when it first sets the job up. Simulated nodes share one
+            # session directory: in a shared one, node 1 would delete the copy node 0's processes run in.
+            runtime_env_dir_name=f"runtime_resources_node{index}", **ip,
         )
         self.workers[index] = node
         return node
