@@ -1,0 +1,421 @@
+"""Launch overhead: the same trivial DDP program started as bare torchrun, by a4ray's gang, by Ray Train.
+
+    python benchmarks/launch.py                          # 2, 4, 8 simulated nodes, 5 repetitions
+    python benchmarks/launch.py --sizes 2 --reps 1       # a quick check
+
+On one embedded Ray cluster of simulated A4 nodes (1 CPU process per node; the cluster starts with the
+smallest size and grows with `add_node` for the next), times from "launch requested" to "every rank's
+user code has run and the launch has returned", for `benchmarks/ddp_trivial.py` (gloo, DDP, an all-reduce
+every rank checks):
+  (a) torchrun  N `python -m torch.distributed.run --nnodes N --node-rank i ...` processes started
+                directly (no Ray), from spawn to all exited 0
+  (b) gang      `a4ray.runner.run(spec)` of a `command` job (torchrun, 1 process per node), attached to
+                this process's Ray session: run directory, placement group, node actors, node facts,
+                launch, every rank's lines streamed through the driver, results, teardown
+  (c) Ray Train `TorchTrainer(...).fit()`, one worker per node (STRICT_SPREAD, 1 CPU each)
+For each size: one untimed warm-up round of all three, then `--reps` rounds, each running a, b, c in a
+rotating order. Prints a table per size (median, min, max), the gang's start broken into phases (timed
+from outside a4ray, by wrapping Gang.start's waits), how each phase grows with nodes, the driver's
+per-line log fan-in cost, and last the ratios b/a and b/c against the goals (b/a <= 1.1, b/c <= 0.6).
+
+Every rank's lines and all of Ray's and a4ray's messages go to a run log (`--logs`, printed at the
+start), so that the tables stay readable; `--verbose` leaves them on the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+
+PROGRAM = HERE / "ddp_trivial.py"
+GOAL_VS_TORCHRUN = 1.1
+GOAL_VS_RAY_TRAIN = 0.6
+METHODS = ("torchrun", "gang", "ray_train")
+LABELS = {"torchrun": "(a) bare torchrun", "gang": "(b) a4ray gang", "ray_train": "(c) Ray Train TorchTrainer"}
+PHASES = ("prep", "placement", "actors+facts", "launch", "processes", "finish")
+PHASE_NOTES = {
+    "prep": "spec, attach to the session, run directory, plan",
+    "placement": "placement group requested -> ready",
+    "actors+facts": "node actors started, node facts gathered, rank order",
+    "launch": "free port on node 0, each node's env built, torchrun started",
+    "processes": "torchrun + user code on every node, lines streamed to the driver",
+    "finish": "node results, actors killed, placement group removed, result.json",
+}
+
+
+# ------------------------------------------------------------------------------------------ output
+class Report:
+    """Where the tables go: the terminal, while everything else this process (and Ray) prints goes to
+    the run log, so that thousands of rank lines do not bury them."""
+
+    def __init__(self, log: Path, verbose: bool):
+        self.log = log
+        self.out = sys.stdout
+        self._saved: tuple[int, int] | None = None
+        if not verbose:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self.out = os.fdopen(os.dup(1), "w", buffering=1)
+            self._saved = (os.dup(1), os.dup(2))
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
+
+    def print(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    def mark(self, text: str) -> None:
+        """A marker line in the run log (so each run's lines can be found)."""
+        print(f"\n===== launch benchmark: {text}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------ (a)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bare_torchrun(nodes: int, logs: Path) -> dict:
+    """N torchrun agents, one per simulated node, rendezvous on 127.0.0.1; each one's output to a file."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    logs.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    port = _free_port()
+    procs = []
+    for i in range(nodes):
+        with open(logs / f"node-{i:02d}.log", "w") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--node-rank={i}",
+                 "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}", str(PROGRAM)],
+                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=logs))
+    codes = [p.wait() for p in procs]
+    wall = time.monotonic() - t0
+    ok_lines = sum((logs / f"node-{i:02d}.log").read_text().count("all_reduce ok") for i in range(nodes))
+    if any(codes) or ok_lines != nodes:
+        raise RuntimeError(f"bare torchrun on {nodes} nodes: exit codes {codes}, {ok_lines}/{nodes} ranks ok "
+                           f"(logs in {logs})")
+    return {"wall": wall}
+
+
+# ------------------------------------------------------------------------------------------ (b)
+class _RayClock:
+    """Stands in for `ray` inside a4ray.runtime.gang while a gang starts, noting when its first
+    `ray.wait` (the placement group is ready) and its first `ray.get` (every actor's facts) return."""
+
+    def __init__(self, real, marks: dict[str, float]):
+        self._real = real
+        self._marks = marks
+        self.starting = False
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def wait(self, *args, **kwargs):
+        result = self._real.wait(*args, **kwargs)
+        if self.starting:
+            self._marks.setdefault("pg_ready", time.monotonic())
+        return result
+
+    def get(self, *args, **kwargs):
+        result = self._real.get(*args, **kwargs)
+        if self.starting:
+            self._marks.setdefault("facts", time.monotonic())
+        return result
+
+
+@contextlib.contextmanager
+def gang_clock(marks: dict[str, float]):
+    """Timestamps of the gang's phases, taken from outside a4ray (nothing in a4ray changes): around
+    Gang.start (and the waits inside it), _Supervisor.watch and Gang.close."""
+    import a4ray.runtime.gang as g
+
+    clock = _RayClock(g.ray, marks)
+    start, watch, close = g.Gang.start, g._Supervisor.watch, g.Gang.close
+
+    def timed_start(self):
+        marks.setdefault("start_in", time.monotonic())
+        clock.starting = True
+        try:
+            return start(self)
+        finally:
+            clock.starting = False
+            marks.setdefault("start_out", time.monotonic())
+
+    def timed_watch(self):
+        marks["watch_in"] = time.monotonic()
+        try:
+            return watch(self)
+        finally:
+            marks["watch_out"] = time.monotonic()
+
+    def timed_close(self):
+        marks.setdefault("close_in", time.monotonic())
+        close(self)
+
+    g.ray, g.Gang.start, g._Supervisor.watch, g.Gang.close = clock, timed_start, timed_watch, timed_close
+    try:
+        yield marks
+    finally:
+        g.ray, g.Gang.start, g._Supervisor.watch, g.Gang.close = clock._real, start, watch, close
+
+
+def command_spec(nodes: int, workspace: Path, argv: list[str], *, torchrun: bool):
+    from a4ray.spec import CommandJob
+    from a4ray.spec.loader import validate
+
+    command = {"argv": argv, "torchrun": torchrun, **({"nproc": 1} if torchrun else {})}
+    return validate(CommandJob, {
+        "kind": "command", "name": "launch-bench", "timeout_s": 600, "command": command,
+        "cluster": {"nodes": nodes, "gpus_per_node": 1, "cpus_per_node": 1},
+        "storage": {"local_workspace": str(workspace)},
+    }, "<launch benchmark>")
+
+
+def gang(nodes: int, workspace: Path) -> dict:
+    """a4ray's public run path, timed end to end; the phases from `gang_clock`."""
+    from a4ray import runner
+
+    marks: dict[str, float] = {}
+    with gang_clock(marks):
+        t0 = time.monotonic()
+        spec = command_spec(nodes, workspace, [str(PROGRAM)], torchrun=True)
+        result = runner.run(spec)
+        t_end = time.monotonic()
+    if not result.ok:
+        raise RuntimeError(f"gang on {nodes} nodes: {result.verdict}")
+    g = result.gang
+    phases = {
+        "prep": marks["start_in"] - t0,
+        "placement": marks["pg_ready"] - marks["start_in"],
+        "actors+facts": marks["start_out"] - marks["pg_ready"],
+        "launch": marks["watch_in"] - marks["start_out"],
+        "processes": marks["watch_out"] - marks["watch_in"],
+        "finish": t_end - marks["watch_out"],
+    }
+    node_s = max(n.duration_s or 0.0 for n in g.nodes)  # torchrun's own run, as each node actor saw it
+    return {"wall": t_end - t0, "start_s": g.start_s, "run_s": g.run_s, "node_s": node_s, **phases}
+
+
+# ------------------------------------------------------------------------------------------ (c)
+def ray_train(nodes: int, storage: Path, index: int) -> dict:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    import ddp_trivial
+
+    t0 = time.monotonic()
+    trainer = TorchTrainer(
+        ddp_trivial.train_loop_per_worker,
+        scaling_config=ScalingConfig(num_workers=nodes, use_gpu=False, resources_per_worker={"CPU": 1},
+                                     placement_strategy="STRICT_SPREAD"),
+        run_config=RunConfig(storage_path=str(storage), name=f"launch-bench-{nodes}-{index}"),
+    )
+    result = trainer.fit()
+    wall = time.monotonic() - t0
+    if result.error is not None:
+        raise RuntimeError(f"Ray Train on {nodes} nodes: {result.error}")
+    return {"wall": wall}
+
+
+# ------------------------------------------------------------------------------------------ fan-in
+def fanin(nodes: int, lines: int, workspace: Path, logs: Path) -> dict:
+    """Per-line cost of streaming every node's lines through the driver: a command printing `lines`
+    lines on every node, through the gang and bare (its output to a file), the same N processes."""
+    from a4ray import runner
+
+    argv = [sys.executable, "-c", f"import sys\nfor i in range({lines}): sys.stdout.write(f'line {{i}}\\n')"]
+    logs.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    procs = []
+    for i in range(nodes):
+        with open(logs / f"fanin-{i:02d}.log", "w") as out:
+            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT))
+    if any(p.wait() for p in procs):
+        raise RuntimeError("the fan-in command failed bare")
+    bare = time.monotonic() - t0
+    result = runner.run(command_spec(nodes, workspace, argv, torchrun=False))
+    if not result.ok:
+        raise RuntimeError(f"fan-in through the gang: {result.verdict}")
+    total = nodes * lines
+    return {"lines": total, "bare_s": bare, "gang_run_s": result.gang.run_s,
+            "us_per_line": max(0.0, result.gang.run_s - bare) / total * 1e6}
+
+
+# ------------------------------------------------------------------------------------------ tables
+def _stats(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def _table(title: str, columns: list[str], rows: list[list[object]]) -> str:
+    from a4ray.console import table
+
+    return f"{title}\n{table('', columns, rows)}"  # the title on its own line: rich would wrap it to the table
+
+
+def size_table(nodes: int, runs: dict[str, list[dict]], reps: int) -> str:
+    rows = []
+    for m in METHODS:
+        med, lo, hi = _stats([r["wall"] for r in runs[m]])
+        rows.append([LABELS[m], f"{med:.2f}", f"{lo:.2f}", f"{hi:.2f}"])
+    return _table(f"{nodes} nodes: launch -> every rank done -> returned, seconds ({reps} reps)",
+                  ["", "median", "min", "max"], rows)
+
+
+def phase_table(sizes: list[int], gang_runs: dict[int, list[dict]]) -> str:
+    rows = []
+    for key in ("start_s", "run_s", *PHASES, "wall"):
+        label = {"start_s": "GangResult.start_s", "run_s": "GangResult.run_s", "wall": "total (b)"}.get(key, key)
+        meds = [statistics.median(r[key] for r in gang_runs[n]) for n in sizes]
+        slope = _slope(sizes, meds)
+        rows.append([label, *(f"{v:.2f}" for v in meds), f"{slope * 1000:+.0f}" if slope is not None else "-",
+                     PHASE_NOTES.get(key, "placement + actors + facts" if key == "start_s" else
+                                     "launch request -> results collected" if key == "run_s" else "")])
+    return _table("the gang's time by phase, medians in seconds (timed from outside a4ray)",
+                  ["phase", *(f"{n} nodes" for n in sizes), "ms/node", "what"], rows)
+
+
+def _slope(xs: list[int], ys: list[float]) -> float | None:
+    """Least-squares seconds per node."""
+    if len(xs) < 2:
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def growth_summary(sizes: list[int], gang_runs: dict[int, list[dict]]) -> list[str]:
+    start = ("placement", "actors+facts")
+    lines = []
+    for n in sizes:
+        meds = {p: statistics.median(r[p] for r in gang_runs[n]) for p in PHASES}
+        total = statistics.median(r["wall"] for r in gang_runs[n])
+        top = max(meds, key=meds.get)
+        start_top = max(start, key=meds.get)
+        lines.append(f"  {n} nodes: start {sum(meds[p] for p in start):.2f}s, dominated by {start_top} "
+                     f"({meds[start_top]:.2f}s); the whole launch by {top} ({meds[top]:.2f}s of {total:.2f}s)")
+    if len(sizes) > 1:
+        for p in start:
+            meds = [statistics.median(r[p] for r in gang_runs[n]) for n in sizes]
+            lines.append(f"  {p}: " + " -> ".join(f"{v:.2f}s" for v in meds)
+                         + f" for {' -> '.join(map(str, sizes))} nodes ({_slope(sizes, meds) * 1000:+.0f} ms/node)")
+    return lines
+
+
+def ratio_table(sizes: list[int], runs: dict[int, dict[str, list[dict]]]) -> tuple[str, bool]:
+    rows, met = [], True
+    for n in sizes:
+        med = {m: statistics.median(r["wall"] for r in runs[n][m]) for m in METHODS}
+        vs_a, vs_c = med["gang"] / med["torchrun"], med["gang"] / med["ray_train"]
+        ok_a, ok_c = vs_a <= GOAL_VS_TORCHRUN, vs_c <= GOAL_VS_RAY_TRAIN
+        met &= ok_a and ok_c
+        rows.append([f"{n}", f"{vs_a:.2f}", "PASS" if ok_a else "MISS", f"{vs_c:.2f}", "PASS" if ok_c else "MISS"])
+    return _table(f"ratios of medians (goals: b/a <= {GOAL_VS_TORCHRUN}, b/c <= {GOAL_VS_RAY_TRAIN})",
+                  ["nodes", "b/a", "", "b/c", ""], rows), met
+
+
+# ------------------------------------------------------------------------------------------ main
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="2,4,8", help="simulated node counts, ascending (default 2,4,8)")
+    p.add_argument("--reps", type=int, default=5, help="timed rounds per size (default 5)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds of all three per size (default 1)")
+    p.add_argument("--pause", type=float, default=1.0, help="seconds between runs, to let teardown settle")
+    p.add_argument("--fanin-lines", type=int, default=20000,
+                   help="lines per node for the log fan-in measurement at the largest size (0: skip)")
+    p.add_argument("--logs", help="run log and per-run files (default: a temporary directory, kept)")
+    p.add_argument("--verbose", action="store_true", help="leave every rank's lines on the terminal")
+    args = p.parse_args()
+    sizes = sorted({int(s) for s in args.sizes.split(",")})
+
+    work = Path(args.logs or tempfile.mkdtemp(prefix="a4ray-launch-bench-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    # Ray's socket paths must stay short: a RAY_TMPDIR of its own under /tmp.
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="r", dir="/tmp")
+    os.environ.pop("RAY_ADDRESS", None)
+    report = Report(work / "run.log", args.verbose)
+    report.print(f"launch benchmark: sizes {sizes}, {args.reps} reps after {args.warmup} warm-up round(s) "
+                 f"of all three, {os.cpu_count()} CPU cores; run log: {work / 'run.log'}")
+
+    import ray
+    import ray.cloudpickle
+
+    from a4ray.runtime.connect import NAMESPACE
+    from a4ray.runtime.local import SimulatedCluster
+
+    sys.path.insert(0, str(HERE))
+    import ddp_trivial
+
+    ray.cloudpickle.register_pickle_by_value(ddp_trivial)  # Ray Train's workers need not find the file
+
+    cluster = SimulatedCluster(sizes[0], gpus_per_node=1, cpus_per_node=2)
+    runs: dict[int, dict[str, list[dict]]] = {}
+    fan = None
+    try:
+        cluster.start()
+        ray.init(address=cluster.address, namespace=NAMESPACE)
+        count = 0
+        for n in sizes:
+            while len(cluster.workers) < n:
+                cluster.add_node()
+            cluster.cluster.wait_for_nodes()
+            runs[n] = {m: [] for m in METHODS}
+            for rnd in range(args.warmup + args.reps):
+                timed = rnd >= args.warmup
+                order = METHODS[rnd % 3:] + METHODS[:rnd % 3]
+                for m in order:
+                    count += 1
+                    tag = f"{n} nodes, {'rep ' + str(rnd - args.warmup + 1) if timed else 'warm-up'}, {m}"
+                    report.mark(tag)
+                    time.sleep(args.pause)
+                    if m == "torchrun":
+                        r = bare_torchrun(n, work / f"torchrun-{count:03d}")
+                    elif m == "gang":
+                        r = gang(n, work / "workspace")
+                    else:
+                        r = ray_train(n, work / "ray-train", count)
+                    report.mark(f"{tag}: {r['wall']:.2f}s")
+                    if timed:
+                        runs[n][m].append(r)
+            report.print(size_table(n, runs[n], args.reps))
+        if args.fanin_lines:
+            report.mark("log fan-in")
+            time.sleep(args.pause)
+            fan = fanin(sizes[-1], args.fanin_lines, work / "workspace", work / "fanin")
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
+
+    gang_runs = {n: runs[n]["gang"] for n in sizes}
+    report.print()
+    report.print(phase_table(sizes, gang_runs))
+    report.print("what dominates the gang's start, and how it grows:")
+    for line in growth_summary(sizes, gang_runs):
+        report.print(line)
+    if fan:
+        report.print(f"log fan-in through the driver, {sizes[-1]} nodes x {args.fanin_lines} lines: run "
+                     f"{fan['gang_run_s']:.2f}s through the gang vs {fan['bare_s']:.2f}s bare to files: "
+                     f"{fan['us_per_line']:.1f} us per line ({fan['lines'] / fan['gang_run_s']:,.0f} lines/s)")
+    report.print()
+    text, met = ratio_table(sizes, runs)
+    report.print(text)
+    report.print("goals met at every size" if met else "goals missed at some size (see MISS)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
