@@ -24,6 +24,8 @@ def add_job_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="print the plan (nodes, commands, env); run nothing")
     parser.add_argument("--result", metavar="FILE", help="write the typed result as JSON")
     parser.add_argument("--dashboard", action="store_true", help="start the Ray dashboard on the embedded cluster")
+    parser.add_argument("--run-dir", metavar="DIR", help="record the run in this existing run directory "
+                        "(a4ray.submit makes one and passes it to the job's driver)")
     return parser
 
 
@@ -44,7 +46,8 @@ def _write_json(path: str, data: str) -> None:
 
 def job_main(kind: str, argv: list[str] | None = None, *, description: str | None = None,
              args: argparse.Namespace | None = None) -> int:
-    from a4ray.runner import run, workload_for
+    from a4ray.api import run
+    from a4ray.runner import workload_for
     from a4ray.spec import JOB_KINDS, RecipeJob, load_job
 
     spec_class = JOB_KINDS.get(kind)
@@ -65,7 +68,8 @@ def job_main(kind: str, argv: list[str] | None = None, *, description: str | Non
             if args.result:
                 _write_json(args.result, plan.model_dump_json(indent=2))
             return 0
-        result = run(spec, address=args.address, local_nodes=args.local_nodes, dashboard=args.dashboard)
+        result = run(spec, address=args.address, local_nodes=args.local_nodes, dashboard=args.dashboard,
+                     run_dir=args.run_dir)
     except A4RayError as error:
         print(f"a4ray: error: {error}", file=sys.stderr, flush=True)
         if args.result:

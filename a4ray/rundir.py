@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from a4ray.errors import A4RayError
 from a4ray.redact import redact
 
 
@@ -24,6 +25,15 @@ class RunDir:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         root = workspace / "runs" / f"{job}-{stamp}-{secrets.token_hex(2)}"
         (root / "logs").mkdir(parents=True, exist_ok=False)
+        return cls(root)
+
+    @classmethod
+    def existing(cls, root: str | Path) -> RunDir:
+        """A run directory made before the run starts (`a4ray.submit` makes it, the job's driver fills it)."""
+        root = Path(root)
+        if not (root / "logs").is_dir():
+            raise A4RayError(f"{root} is not a run directory (no logs/ in it)",
+                             hint="give --run-dir a directory made by a4ray.submit, or leave it out")
         return cls(root)
 
     @property

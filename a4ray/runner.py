@@ -28,14 +28,16 @@ def workload_for(spec: JobSpec) -> Workload:
 
 
 def run(spec: JobSpec, *, address: str | None = None, local_nodes: int | None = None,
-        dashboard: bool = False) -> WorkloadResult:
+        dashboard: bool = False, run_dir: str | Path | None = None) -> WorkloadResult:
     """Run `spec` to completion: `Workload.run_job`, by default gang launches restarted per `spec.restart`.
     A failed launch returns a result with `ok=False` (and the gang's failure); errors before anything ran
-    (spec, cluster, placement, gIB) and cancellation raise."""
+    (spec, cluster, placement, gIB) and cancellation raise. `run_dir`: an existing run directory to use
+    (a submitted run's), instead of a new one under the workspace."""
     work = workload_for(spec)
     work.check()
     with connect(address, cluster=spec.cluster, local_nodes=local_nodes, dashboard=dashboard) as conn:
-        run_dir = RunDir.create(conn.workspace(spec.storage.workspace, spec.storage.local_workspace), spec.name)
+        run_dir = RunDir.existing(run_dir) if run_dir else RunDir.create(
+            conn.workspace(spec.storage.workspace, spec.storage.local_workspace), spec.name)
         say(f"run directory: {run_dir.root}")
         run_dir.write("spec.yaml", spec.to_yaml())
         run_dir.write("plan.json", work.plan())

@@ -7,10 +7,13 @@ must not find the session cluster run with `isolated_env()` (their own RAY_TMPDI
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import ray
 
@@ -83,3 +86,28 @@ def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def leftovers(marker: str) -> list[str]:
+    """Command lines of live processes that mention `marker` (a RAY_TMPDIR, a launch id, ...)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(proc.info["cmdline"] or []):
+                found.append(" ".join(proc.info["cmdline"]))
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_gone(marker: str, within_s: float = 30) -> list[str]:
+    deadline = time.monotonic() + within_s
+    while (left := leftovers(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -6,38 +6,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
-from conftest import PYTHON, REPO, isolated_env
+from conftest import PYTHON, REPO, free_port, isolated_env, wait_gone
 
 pytestmark = pytest.mark.slow
-
-
-def leftovers(marker: str) -> list[str]:
-    """Command lines of live processes that mention `marker` (a RAY_TMPDIR, a launch id, ...)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(proc.info["cmdline"] or []):
-                found.append(" ".join(proc.info["cmdline"]))
-        except psutil.Error:
-            continue
-    return found
-
-
-def wait_gone(marker: str, within_s: float = 30) -> list[str]:
-    deadline = time.monotonic() + within_s
-    while (left := leftovers(marker)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return left
 
 
 def test_ddp_test_module_on_an_embedded_cluster(tmp_path):
@@ -98,12 +76,6 @@ def test_sigterm_cancels_the_gang_and_shuts_the_cluster_down(tmp_path):
     assert "cancelled" in out
     assert not wait_gone(marker), "no process of the launch survives"
     assert not wait_gone(env["RAY_TMPDIR"]), "the embedded cluster is shut down"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_ray_job_submit_onto_a4ray_local_up(tmp_path):

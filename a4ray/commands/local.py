@@ -3,6 +3,7 @@
 Jobs can then be submitted to it like to a real cluster:
     a4ray local up --nodes 2 --gpus-per-node 2
     RAY_ADDRESS=http://127.0.0.1:8265 ray job submit --working-dir . -- python -m a4ray.ddp_test
+    python -c "import a4ray; a4ray.connect('ray://127.0.0.1:10001')"   # or a notebook, through Ray Client
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--gpus-per-node", type=int, default=8)
     up.add_argument("--machine-type", default="a4-highgpu-8g")
     up.add_argument("--dashboard-port", type=int, default=8265)
+    up.add_argument("--client-port", type=int, default=10001, help="Ray Client port (ray://127.0.0.1:PORT); 0: none")
     up.set_defaults(func=_up)
 
 
@@ -29,7 +31,8 @@ def _up(args: argparse.Namespace) -> int:
     from a4ray.runtime.local import SimulatedCluster
 
     cluster = SimulatedCluster(args.nodes, args.gpus_per_node, machine_type=args.machine_type,
-                               dashboard=True, dashboard_port=args.dashboard_port)
+                               dashboard=True, dashboard_port=args.dashboard_port,
+                               client_port=args.client_port or None)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -39,6 +42,8 @@ def _up(args: argparse.Namespace) -> int:
         say(f"dashboard: http://{cluster.dashboard_url}" if cluster.dashboard_url else "dashboard: off")
         say(f"submit jobs with: RAY_ADDRESS=http://127.0.0.1:{args.dashboard_port} ray job submit "
             "--working-dir . -- python -m a4ray.ddp_test")
+        if args.client_port:
+            say(f"or from Python / a notebook: a4ray.connect('ray://127.0.0.1:{args.client_port}')")
         say("a4ray local up: ready (Ctrl-C to stop)")
         stop.wait()
     finally:

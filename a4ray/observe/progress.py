@@ -13,6 +13,7 @@ so one parser reads them all: the `iteration N/M` segment, then every `name: num
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -79,3 +80,16 @@ def parse_progress(line: str) -> Progress | None:
         elif not field:
             extra[name] = value
     return Progress(iteration=int(match.group(1)), train_iters=int(match.group(2)), extra=extra, **values)
+
+
+def history(log_dir: str | Path) -> list[Progress]:
+    """Every iteration logged in a launch's rank logs (`rank-*.log`), by iteration. Ranks that print the
+    same iteration agree; an iteration repeated after a restart replaces the earlier one."""
+    by_iteration: dict[int, Progress] = {}
+    for log in sorted(Path(log_dir).glob("rank-*.log")):
+        with open(log, errors="replace") as f:
+            for line in f:
+                progress = parse_progress(line)
+                if progress is not None:
+                    by_iteration[progress.iteration] = progress
+    return [by_iteration[i] for i in sorted(by_iteration)]

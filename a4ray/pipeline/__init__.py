@@ -17,13 +17,15 @@ node and rank) and `result.json`, rewritten after every step.
 from __future__ import annotations
 
 import time
-
-from pydantic import BaseModel
+from pathlib import Path
+from typing import Any
 
 from a4ray.console import say, table
 from a4ray.errors import A4RayError, Cancelled, SpecError
+from a4ray.observe.progress import Progress, history
 from a4ray.pipeline import nodefs
 from a4ray.pipeline.steps import Context, Step, StepResult, failed, steps_of, train_workload
+from a4ray.results import Result, axes
 from a4ray.rundir import RunDir
 from a4ray.runtime.connect import connect
 from a4ray.runtime.signals import sigterm_as_interrupt
@@ -32,11 +34,8 @@ from a4ray.spec.recipes import STEPS, RecipeJob
 __all__ = ["PipelineResult", "StepResult", "check", "plan", "run"]
 
 
-class PipelineResult(BaseModel):
-    kind: str
+class PipelineResult(Result):
     job: str
-    ok: bool
-    verdict: str
     run_dir: str = ""
     workspace: str = ""
     cancelled: bool = False
@@ -50,6 +49,35 @@ class PipelineResult(BaseModel):
     @property
     def exit_code(self) -> int:
         return 0 if self.ok else 130 if self.cancelled else 1
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{"step": s.name, "status": s.status, "seconds": s.seconds, "runs": s.runs,
+                 "detail": _first_line(s.detail)} for s in self.steps]
+
+    def step(self, name: str) -> StepResult:
+        try:
+            return next(s for s in self.steps if s.name == name)
+        except StopIteration:
+            raise KeyError(f"no step {name!r} in this pipeline (steps: {', '.join(s.name for s in self.steps)})") from None
+
+    def progress(self) -> list[Progress]:
+        """The train step's logged iterations (loss, step time, ...), from its rank logs in the run directory."""
+        return history(Path(self.run_dir) / "logs" / "train")
+
+    def summary(self) -> dict[str, Any]:
+        last = (self.progress() or [None])[-1]
+        return {**{s.name: s.status for s in self.steps},
+                "iteration": last.iteration if last else None, "loss": last.loss if last else None,
+                "step ms": last.step_time_ms if last else None}
+
+    def plot(self, ax=None):
+        points = [(p.iteration, p.loss) for p in self.progress() if p.loss is not None]
+        if not points:
+            raise A4RayError(f"no training iterations logged in {Path(self.run_dir) / 'logs' / 'train'}",
+                             hint="the train step did not run here, or its logs are not visible from this machine")
+        ax = axes(ax, title=f"{self.job}: lm loss", xlabel="iteration", ylabel="lm loss")
+        ax.plot(*zip(*points), marker=".")
+        return ax
 
 
 def _first_line(text: str, width: int = 110) -> str:
@@ -93,16 +121,17 @@ def _skip_reason(spec: RecipeJob, step: Step) -> str | None:
 
 
 def run(spec: RecipeJob, *, address: str | None = None, local_nodes: int | None = None,
-        dashboard: bool = False) -> PipelineResult:
+        dashboard: bool = False, run_dir: str | Path | None = None) -> PipelineResult:
     """Run the pipeline of `spec`. A step that fails ends it with `ok=False` (later steps `not-run`); errors
-    before any step ran (spec, cluster) raise; Ctrl-C / `ray job stop` records the run, then raises."""
+    before any step ran (spec, cluster) raise; Ctrl-C / `ray job stop` records the run, then raises.
+    `run_dir`: an existing run directory to use (a submitted run's)."""
     check(spec)
     with connect(address, cluster=spec.cluster, local_nodes=local_nodes, dashboard=dashboard) as conn, \
             sigterm_as_interrupt():
         workspace = conn.workspace(spec.storage.workspace, spec.storage.local_workspace)
         if conn.simulated:
             workspace.mkdir(parents=True, exist_ok=True)
-        run_dir = RunDir.create(workspace, spec.name)
+        run_dir = RunDir.existing(run_dir) if run_dir else RunDir.create(workspace, spec.name)
         say(f"run directory: {run_dir.root}")
         run_dir.write("spec.yaml", spec.to_yaml())
         run_dir.write("plan.txt", plan(spec, str(workspace)))

@@ -43,7 +43,8 @@ def _pipeline_sets(args: argparse.Namespace) -> list[str]:
 
 def pipeline_main(kind: str, argv: list[str] | None = None, *, description: str | None = None,
                   args: argparse.Namespace | None = None) -> int:
-    from a4ray.pipeline import plan, run
+    from a4ray.api import run
+    from a4ray.pipeline import plan
     from a4ray.runtime.connect import will_embed
     from a4ray.spec import load_job
 
@@ -67,7 +68,8 @@ def pipeline_main(kind: str, argv: list[str] | None = None, *, description: str 
         if args.dry_run:
             print(plan(spec), flush=True)
             return 0
-        result = run(spec, address=args.address, local_nodes=args.local_nodes, dashboard=args.dashboard)
+        result = run(spec, address=args.address, local_nodes=args.local_nodes, dashboard=args.dashboard,
+                     run_dir=args.run_dir)
     except A4RayError as error:
         print(f"a4ray: error: {error}", file=sys.stderr, flush=True)
         if args.result:

@@ -29,7 +29,13 @@ class Connection:
     address: str
     mode: Literal["attached", "address", "running", "embedded"]
     local: SimulatedCluster | None = None
+    dashboard_url: str | None = None  # http://host:port of the dashboard and its job API, if it has one
     _owns_ray: bool = False
+
+    @property
+    def client(self) -> bool:
+        """True when connected through Ray Client (`ray://`): jobs then run on the cluster as Ray jobs."""
+        return self.address.startswith("ray://")
 
     @property
     def simulated(self) -> bool:
@@ -43,7 +49,15 @@ class Connection:
         relative one under the directory the simulated cluster was started in)."""
         if not self.simulated:
             return Path(shared)
-        return (Path(os.environ.get(LOCAL_ROOT_ENV) or os.getcwd()) / local).resolve()
+        return (self._local_root() / local).resolve()
+
+    def _local_root(self) -> Path:
+        """The directory the simulated cluster was started in: known here (an embedded cluster, a job's driver),
+        else asked of the cluster's head (`a4ray local up` started elsewhere), else this directory."""
+        root = os.environ.get(LOCAL_ROOT_ENV) or (self.local.root if self.local else None)
+        if root is None:
+            root = ray.get(ray.remote(num_cpus=0)(_node_local_root).remote(), timeout=60)
+        return Path(root or os.getcwd())
 
     def close(self) -> None:
         if self._owns_ray and ray.is_initialized():
@@ -59,9 +73,31 @@ class Connection:
         self.close()
 
 
-def _init(address: str) -> None:
-    ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING,
-             log_to_driver=True, configure_logging=True)
+def _node_local_root() -> str | None:
+    return os.environ.get(LOCAL_ROOT_ENV)
+
+
+def _init(address: str) -> str | None:
+    """Connect this process; returns the dashboard's URL (None without a dashboard)."""
+    if address.startswith("ray://"):  # Ray Client takes the namespace; the rest is the server's business
+        context = ray.init(address=address, namespace=NAMESPACE)
+    else:
+        context = ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING,
+                           log_to_driver=True, configure_logging=True)
+    return _http(context.dashboard_url)
+
+
+def _http(url: str | None) -> str | None:
+    return (url if "://" in url else f"http://{url}") if url else None
+
+
+def _attached_dashboard() -> str | None:
+    if ray.util.client.ray.is_connected():
+        return _http(ray.util.client.ray._get_dashboard_url())
+    try:
+        return _http(ray._private.worker.get_dashboard_url())
+    except Exception:  # noqa: BLE001 - no dashboard (or no way to ask): jobs cannot be submitted, runs still can
+        return None
 
 
 def _running_local_address() -> str | None:
@@ -98,33 +134,37 @@ def connect(address: str | None = None, *, cluster: ClusterSpec | None = None, l
             dashboard: bool = False) -> Connection:
     cluster = cluster or ClusterSpec()
     if ray.is_initialized():
-        ctx = ray.get_runtime_context()
-        say(f"cluster: the Ray session this process already has ({ctx.gcs_address}; {_summary()})")
-        return Connection(address=ctx.gcs_address, mode="attached")
+        if ray.util.client.ray.is_connected():
+            attached = f"ray://{ray.util.client.ray.client_worker._conn_str}"
+        else:
+            attached = ray.get_runtime_context().gcs_address
+        say(f"cluster: the Ray session this process already has ({attached}; {_summary()})")
+        return Connection(address=attached, mode="attached", dashboard_url=_attached_dashboard())
     source = "--address" if address else "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else None
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         try:
-            _init(address)
+            dashboard_url = _init(address)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise ConnectError(f"cannot reach the Ray cluster at {address} (from {source}): {e}",
                                hint="check the address and that the head is up, or unset it to use an "
                                "embedded local cluster") from None
         say(f"cluster: Ray cluster at {address} (from {source}; {_summary()})")
-        return Connection(address=address, mode="address", _owns_ray=True)
+        return Connection(address=address, mode="address", dashboard_url=dashboard_url, _owns_ray=True)
     running = _running_local_address()
     if running:
-        _init(running)
+        dashboard_url = _init(running)
         say(f"cluster: the Ray cluster already running on this machine at {running} ({_summary()})")
-        return Connection(address=running, mode="running", _owns_ray=True)
+        return Connection(address=running, mode="running", dashboard_url=dashboard_url, _owns_ray=True)
     local = SimulatedCluster(local_nodes or cluster.nodes, cluster.gpus_per_node,
                              machine_type=cluster.machine_type, topology=cluster.topology,
                              dashboard=dashboard)
     try:
         local.start()
-        _init(local.address)
+        dashboard_url = _init(local.address)
     except BaseException:
         local.shutdown()
         raise
     say(f"cluster: {local.describe()}")
-    return Connection(address=local.address, mode="embedded", local=local, _owns_ray=True)
+    return Connection(address=local.address, mode="embedded", local=local, dashboard_url=dashboard_url,
+                      _owns_ray=True)

@@ -24,6 +24,7 @@ SIMULATED_LABEL = "a4ray.io/simulated"
 # copy of its working_dir, which Ray deletes when the job ends (taking any run directory inside along).
 LOCAL_ROOT_ENV = "A4RAY_LOCAL_ROOT"
 NODES_PER_SUBBLOCK = 4  # so a simulated topology has more than one subblock to order
+DASHBOARD_PORT = 8265
 
 
 def simulated_location(index: int, topology: TopologySpec) -> dict[str, str]:
@@ -61,10 +62,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+        return True
+
+
 class SimulatedCluster:
     def __init__(self, nodes: int, gpus_per_node: int, *, machine_type: str = "a4-highgpu-8g",
                  topology: TopologySpec | None = None, cpus_per_node: int = 4,
-                 dashboard: bool = False, dashboard_port: int | None = None,
+                 dashboard: bool = False, dashboard_port: int | None = None, client_port: int | None = None,
                  object_store_mb: int = 256, persistent: bool = False, loopback_ips: bool = True,
                  node_env: dict[int, dict[str, str]] | None = None):
         self.nodes = nodes
@@ -74,6 +84,7 @@ class SimulatedCluster:
         self.cpus_per_node = cpus_per_node
         self.dashboard = dashboard
         self.dashboard_port = dashboard_port
+        self.client_port = client_port  # Ray Client server (ray://) on the head, if set
         self.object_store_mb = object_store_mb
         self.persistent = persistent
         self.loopback_ips = loopback_ips
@@ -105,8 +116,10 @@ class SimulatedCluster:
         # hold it, and then job submission finds no agent. Workers already get random ports.
         head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard, env_vars={LOCAL_ROOT_ENV: self.root},
                     object_store_memory=128 * 2**20, dashboard_agent_listen_port=_free_port())
-        if self.dashboard and self.dashboard_port:
-            head["dashboard_port"] = self.dashboard_port
+        if self.client_port:
+            head["ray_client_server_port"] = self.client_port
+        if self.dashboard:  # Ray's usual port where it is free: another cluster on this machine may hold it
+            head["dashboard_port"] = self.dashboard_port or (DASHBOARD_PORT if _port_free(DASHBOARD_PORT) else _free_port())
         self.cluster = Cluster(initialize_head=True, head_node_args=head,
                                shutdown_at_exit=not self.persistent)
         for index in range(self.nodes):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import shlex
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from a4ray.console import say
 from a4ray.errors import Cancelled, GangFailed
+from a4ray.results import Result
 from a4ray.runtime.gang import Gang, GangResult, Launch, NodeContext, Peer, describe_env_plan
 from a4ray.spec.job import JobSpec
 
@@ -42,14 +43,15 @@ def workload(cls: type[Workload]) -> type[Workload]:
     return cls
 
 
-class WorkloadResult(BaseModel):
-    kind: str
-    ok: bool
-    verdict: str
+class WorkloadResult(Result):
     gang: GangResult | None = None
 
-    def table(self) -> str:
-        return ""
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per node of the (last) launch."""
+        if self.gang is None:
+            return []
+        return [{"node": n.gang_rank, "host": n.hostname, "ip": n.ip, "location": n.location, "status": n.status,
+                 "exit_code": n.exit_code, "seconds": n.duration_s} for n in self.gang.nodes]
 
 
 class NodePlan(BaseModel):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel
 
 from a4ray.console import table
+from a4ray.results import axes
 from a4ray.runtime.gang import GangResult, Launch, NodeContext
 from a4ray.spec.ddp import DDPTestJob
 from a4ray.workloads.base import Workload, WorkloadResult, workload
@@ -38,6 +41,20 @@ class DDPTestResult(WorkloadResult):
                  f"{max(r.param_max_diff, r.grad_max_diff):.2g}", "pass" if r.passed else "FAIL"]
                 for r in sorted(self.ranks, key=lambda r: r.rank)]
         return table("DDP test", ["rank", "node", "local", "host", "device", "step ms", "max diff", ""], rows)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [r.model_dump() for r in sorted(self.ranks, key=lambda r: r.rank)]
+
+    def summary(self) -> dict[str, Any]:
+        return {"ranks passed": sum(r.passed for r in self.ranks),
+                "slowest step ms": max((r.step_time_ms for r in self.ranks), default=None)}
+
+    def plot(self, ax=None):
+        ax = axes(ax, title=f"DDP step time per rank ({self.nodes} nodes)", xlabel="rank", ylabel="step time (ms)")
+        ranks = sorted(self.ranks, key=lambda r: r.rank)
+        ax.bar([r.rank for r in ranks], [r.step_time_ms for r in ranks],
+               color=["tab:blue" if r.passed else "tab:red" for r in ranks])
+        return ax
 
 
 @workload

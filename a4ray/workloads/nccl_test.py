@@ -13,6 +13,8 @@ that name the slow or broken nodes.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel
 
 from a4ray.console import say, table
@@ -21,6 +23,7 @@ from a4ray.mpi.launch import mpi_launch
 from a4ray.parsers import nccl_debug, nccl_tests
 from a4ray.parsers.nccl_tests import PerfRun
 from a4ray.runtime.gang import Gang, GangResult, Launch, NodeContext
+from a4ray.results import axes
 from a4ray.runtime.local import SIMULATED_LABEL
 from a4ray.runtime.node_actor import Line
 from a4ray.spec.nccl import NcclTestJob, format_size
@@ -98,6 +101,33 @@ class NcclTestResult(WorkloadResult):
             parts.append(table(f"isolation: {self.isolation.collective} at {format_size(self.isolation.size)}",
                                ["nodes", "hosts", "busbw", ""], rows))
         return "\n".join(parts)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per collective, size and placement (out-of-place, in-place), as nccl-tests prints them."""
+        rows = []
+        for c in self.collectives:
+            for r in c.run.rows if c.run else []:
+                for placement, t in (("out-of-place", r.out_of_place), ("in-place", r.in_place)):
+                    if t is not None:
+                        rows.append({"collective": c.collective, "size": r.size, "count": r.count, "dtype": r.dtype,
+                                     "placement": placement, "time_us": t.time_us, "algbw": t.algbw,
+                                     "busbw": t.busbw, "wrong": t.wrong})
+        return rows
+
+    def summary(self) -> dict[str, Any]:
+        """busbw (GB/s) at the largest size, per collective."""
+        return {f"{c.collective} busbw": c.busbw for c in self.collectives}
+
+    def plot(self, ax=None):
+        ax = axes(ax, title=f"busbw ({self.implementation}, {self.backend}, {self.nodes} nodes x {self.gpus_per_node})",
+                  xlabel="message size (bytes)", ylabel="busbw (GB/s)")
+        for c in self.collectives:
+            points = [(r.size, r.busbw) for r in (c.run.rows if c.run else []) if r.busbw is not None]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=c.collective)
+        ax.set_xscale("log", base=2)
+        ax.legend()
+        return ax
 
 
 def _cells(t) -> list[object]:

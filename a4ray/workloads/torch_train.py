@@ -7,9 +7,11 @@ restart after a lost node resumes from the newest one.
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from a4ray.console import table
 from a4ray.errors import SpecError
+from a4ray.results import axes
 from a4ray.runtime.gang import GangResult, Launch, NodeContext
 from a4ray.spec.recipes import RecipeJob
 from a4ray.trainer.checkpoint import latest
@@ -38,8 +40,19 @@ class TorchTrainResult(WorkloadResult):
         n = len(self.losses)
         marks = sorted({0, n // 4, n // 2, 3 * n // 4, n - 1})
         rows = [[first + i, f"{self.losses[i]:.4f}"] for i in marks]
-        return table("lm loss", ["iteration", "lm loss"],
-                     rows)
+        return table("lm loss", ["iteration", "lm loss"], rows)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{"iteration": self.start_iteration + 1 + i, "loss": loss} for i, loss in enumerate(self.losses)]
+
+    def summary(self) -> dict[str, Any]:
+        return {"loss": self.loss_last, "step ms": self.step_time_ms, "tokens/s": self.tokens_per_s}
+
+    def plot(self, ax=None):
+        ax = axes(ax, title=f"lm loss ({self.world_size} ranks, {self.backend})", xlabel="iteration", ylabel="lm loss")
+        rows = self.rows()
+        ax.plot([r["iteration"] for r in rows], [r["loss"] for r in rows], marker=".")
+        return ax
 
 
 class TorchTrain(Workload[RecipeJob]):

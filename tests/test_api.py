@@ -1,0 +1,139 @@
+"""The Python API as a notebook uses it, on a real local cluster of simulated A4 nodes with the Ray dashboard
+(its job API runs submitted runs): typed results, handles that outlive the Ray session and the process,
+cancel, sweeps, and Ray Client addresses."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+
+import matplotlib
+import pytest
+import ray
+
+import a4ray
+from a4ray.errors import SpecError
+from a4ray.runtime.connect import NAMESPACE
+from a4ray.runtime.local import SimulatedCluster
+from a4ray.workloads.ddp_test import DDPTestResult
+from a4ray.workloads.nccl_test import NcclTestResult
+from conftest import PYTHON, REPO, free_port, isolated_env, job, wait_gone
+
+matplotlib.use("Agg")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def api_cluster():
+    """2 simulated nodes x 1 GPU with the dashboard, and this process connected through `a4ray.connect`."""
+    if ray.is_initialized():
+        ray.shutdown()  # the session cluster's connection; its fixture reconnects when a test asks for it
+    sim = SimulatedCluster(2, 1, dashboard=True)
+    sim.start()
+    cluster = a4ray.connect(sim.address)
+    yield cluster
+    cluster.close()
+    sim.shutdown()
+
+
+def ddp_spec(workspace):
+    return job("ddp_test", "cluster.nodes=2", "cluster.gpus_per_node=1", "ddp_test.hidden=64", "ddp_test.steps=3",
+               workspace=workspace)
+
+
+def test_run_and_submit_give_typed_results_and_handles_outlive_the_session(api_cluster, tmp_path):
+    assert api_cluster.dashboard_url and api_cluster.simulated
+    spec = ddp_spec(tmp_path)
+
+    result = a4ray.run(spec)  # here, synchronously
+    assert isinstance(result, DDPTestResult) and result.ok
+    frame = result.to_pandas()
+    assert list(frame["rank"]) == [0, 1] and frame["passed"].all()
+    assert "PASS: 2/2 ranks" in result._repr_html_() and "<table" in result._repr_html_()
+    assert len(result.plot().patches) == 2  # a bar per rank
+
+    run = a4ray.submit(spec)  # a Ray job; the handle is back at once
+    assert run.status() in ("PENDING", "RUNNING")
+    ray.shutdown()  # a kernel's `ray.init` reconnect: the handle lives in the run directory and the job API
+    ray.init(address=api_cluster.address, namespace=NAMESPACE)
+    submitted = run.result(timeout_s=240)
+    assert isinstance(submitted, DDPTestResult) and submitted.ok, submitted.verdict
+    assert run.status() == "SUCCEEDED"
+    logs = run.logs()
+    assert "[n0 r0]" in logs and "[n1 r1]" in logs and "PASS: 2/2 ranks over 2 nodes" in logs
+    assert {r.id for r in a4ray.runs(tmp_path)} >= {run.id} and len(a4ray.runs(tmp_path, job="ddp-test")) == 2
+
+    # A restarted kernel is a new process: it finds the run by id, with its status, result and spec.
+    code = (f"import a4ray; r = a4ray.get_run({run.id!r}, workspace={str(tmp_path)!r}); "
+            "print(r.status(), r.spec().ddp_test.steps, r.result().verdict)")
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.stdout.startswith("SUCCEEDED 3 PASS: 2/2 ranks"), out.stdout + out.stderr
+
+
+def test_cancel_stops_the_job_and_leaves_no_process(api_cluster, tmp_path):
+    marker = f"a4ray-api-cancel-{uuid.uuid4().hex[:8]}"
+    spec_file = tmp_path / "sleep.yaml"
+    spec_file.write_text(f"kind: command\ncommand: {{argv: [bash, -c, 'echo started; exec -a {marker} sleep 600']}}\n"
+                         f"cluster: {{nodes: 2, gpus_per_node: 1}}\nstorage: {{local_workspace: {tmp_path}}}\n")
+    run = a4ray.submit(a4ray.load(spec_file))
+    deadline = time.monotonic() + 120
+    while run.logs().count("] started") < 2:  # both nodes run the command
+        assert time.monotonic() < deadline and run.status() in ("PENDING", "RUNNING"), run.logs()[-3000:]
+        time.sleep(1)
+    assert run.cancel() == "STOPPED"
+    assert not wait_gone(marker), "no process of the launch survives the cancel"
+    result = run.result()
+    assert not result.ok and result.verdict.startswith("CANCELLED")
+
+
+def test_sweep_runs_each_variant_and_is_found_again(api_cluster, tmp_path, capsys):
+    spec = job("nccl_test", "cluster.nodes=2", "cluster.gpus_per_node=1", "nccl.collectives=[all_reduce]",
+               "nccl.cpu_min_bytes=64K", "nccl.cpu_max_bytes=256K", "nccl.iters=2", "nccl.warmup=1", workspace=tmp_path)
+    table = a4ray.sweep(spec, {"network.env.NCCL_IB_QPS_PER_CONNECTION": [1, 4]})
+    assert table.ok, table.verdict
+    frame = table.to_pandas()
+    assert list(frame["network.env.NCCL_IB_QPS_PER_CONNECTION"]) == [1, 4]
+    assert frame["ok"].all() and (frame["all_reduce busbw"] > 0).all()
+    assert "NCCL_IB_QPS_PER_CONNECTION=4" in capsys.readouterr().out  # the value reached the nodes' env
+
+    again = a4ray.get_sweep(table.id, tmp_path)
+    assert again.rows() == table.rows()
+    for value, variant in zip(("1", "4"), again.variants):
+        assert a4ray.get_run(variant.run_id, tmp_path).spec().network.env["NCCL_IB_QPS_PER_CONNECTION"] == value
+    best = again.result(0)
+    assert isinstance(best, NcclTestResult) and {r["size"] for r in best.rows()} == {64 * 1024, 128 * 1024, 256 * 1024}
+    assert len(best.plot().lines) == 1 and len(again.plot("all_reduce busbw").patches) == 2
+
+
+def test_a_bad_sweep_fails_before_anything_runs(tmp_path):
+    spec = ddp_spec(tmp_path)
+    with pytest.raises(SpecError, match=r"network\.envv"):
+        a4ray.sweep(spec, {"ddp_test.steps": [1, 2], "network.envv.X": [1]})
+    with pytest.raises(SpecError, match=r"ddp_test\.steps"):
+        a4ray.sweep(spec, {"ddp_test.steps": [1, "many"]})
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ray_client_address_runs_the_job_on_the_cluster(tmp_path):
+    env = isolated_env(tmp_path)
+    dashboard, client = free_port(), free_port()
+    head = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "local", "up", "--nodes", "2", "--gpus-per-node", "1",
+                             "--dashboard-port", str(dashboard), "--client-port", str(client)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in head.stdout:
+            if "ready" in line:
+                break
+        else:
+            pytest.fail("a4ray local up did not come up")
+        code = (f"import a4ray; c = a4ray.connect('ray://127.0.0.1:{client}'); "
+                "r = a4ray.run(a4ray.load(None, 'cluster.nodes=2', 'cluster.gpus_per_node=1', 'ddp_test.hidden=64', "
+                "'ddp_test.steps=3', kind='ddp_test')); print('RESULT', r.verdict)")
+        out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+        assert "RESULT PASS: 2/2 ranks over 2 nodes" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+        assert "[n1 r1]" in out.stdout  # the job's lines, followed through the job API
+        assert list(tmp_path.glob(".a4ray/runs/ddp-test-*/result.json"))
+    finally:
+        head.terminate()
+        head.wait(timeout=60)
