@@ -6,8 +6,11 @@ must not find the session cluster run with `isolated_env()` (their own RAY_TMPDI
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -111,3 +114,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_up(cwd: Path, env: dict[str, str], nodes: int = 2, gpus: int = 1):
+    """`a4ray local up` (2 simulated nodes x 1 GPU) running while the block runs; yields its job API
+    address and its Ray Client address."""
+    dashboard, client = free_port(), free_port()
+    head = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "local", "up", "--nodes", str(nodes), "--gpus-per-node",
+                             str(gpus), "--dashboard-port", str(dashboard), "--client-port", str(client)],
+                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in head.stdout:
+            if "ready" in line:
+                break
+        else:
+            pytest.fail("a4ray local up did not come up")
+        yield f"http://127.0.0.1:{dashboard}", f"ray://127.0.0.1:{client}"
+    finally:
+        head.send_signal(signal.SIGINT)
+        head.wait(timeout=60)

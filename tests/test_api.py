@@ -18,7 +18,7 @@ from a4ray.runtime.connect import NAMESPACE
 from a4ray.runtime.local import SimulatedCluster
 from a4ray.workloads.ddp_test import DDPTestResult
 from a4ray.workloads.nccl_test import NcclTestResult
-from conftest import PYTHON, REPO, free_port, isolated_env, job, wait_gone
+from conftest import PYTHON, REPO, isolated_env, job, local_up, wait_gone
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.slow
@@ -117,23 +117,11 @@ def test_a_bad_sweep_fails_before_anything_runs(tmp_path):
 
 def test_ray_client_address_runs_the_job_on_the_cluster(tmp_path):
     env = isolated_env(tmp_path)
-    dashboard, client = free_port(), free_port()
-    head = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "local", "up", "--nodes", "2", "--gpus-per-node", "1",
-                             "--dashboard-port", str(dashboard), "--client-port", str(client)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        for line in head.stdout:
-            if "ready" in line:
-                break
-        else:
-            pytest.fail("a4ray local up did not come up")
-        code = (f"import a4ray; c = a4ray.connect('ray://127.0.0.1:{client}'); "
+    with local_up(tmp_path, env) as (_, client):
+        code = (f"import a4ray; c = a4ray.connect({client!r}); "
                 "r = a4ray.run(a4ray.load(None, 'cluster.nodes=2', 'cluster.gpus_per_node=1', 'ddp_test.hidden=64', "
                 "'ddp_test.steps=3', kind='ddp_test')); print('RESULT', r.verdict)")
         out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
-        assert "RESULT PASS: 2/2 ranks over 2 nodes" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
-        assert "[n1 r1]" in out.stdout  # the job's lines, followed through the job API
-        assert list(tmp_path.glob(".a4ray/runs/ddp-test-*/result.json"))
-    finally:
-        head.terminate()
-        head.wait(timeout=60)
+    assert "RESULT PASS: 2/2 ranks over 2 nodes" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "[n1 r1]" in out.stdout  # the job's lines, followed through the job API
+    assert list(tmp_path.glob(".a4ray/runs/ddp-test-*/result.json"))

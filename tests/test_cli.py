@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, REPO, free_port, isolated_env, wait_gone
+from conftest import PYTHON, REPO, isolated_env, local_up, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -80,18 +80,8 @@ def test_sigterm_cancels_the_gang_and_shuts_the_cluster_down(tmp_path):
 
 def test_ray_job_submit_onto_a4ray_local_up(tmp_path):
     env = isolated_env(tmp_path, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    port = free_port()
-    head = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "local", "up", "--nodes", "2", "--gpus-per-node", "1",
-                             "--dashboard-port", str(port)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        for line in head.stdout:
-            if "ready" in line:
-                break
-        else:
-            pytest.fail("a4ray local up did not come up")
+    with local_up(tmp_path, env) as (address, _):
         job_id = f"a4ray-test-{uuid.uuid4().hex[:8]}"
-        address = f"http://127.0.0.1:{port}"
         submit = subprocess.run(
             ["ray", "job", "submit", "--address", address, "--submission-id", job_id, "--working-dir", str(REPO),
              "--", "python", "-m", "a4ray.ddp_test", "--local-nodes", "2", "--gpus-per-node", "1",
@@ -107,7 +97,4 @@ def test_ray_job_submit_onto_a4ray_local_up(tmp_path):
         results = list(tmp_path.glob(".a4ray/runs/ddp-test-*/result.json"))
         assert len(results) == 1 and json.loads(results[0].read_text())["ok"], results
         assert sorted(p.name for p in results[0].parent.glob("logs/node-*.log")), "per-node logs survive the job"
-    finally:
-        head.send_signal(signal.SIGINT)
-        head.wait(timeout=60)
     assert not wait_gone(env["RAY_TMPDIR"])
