@@ -276,16 +276,21 @@ class Gang:
 
     def _collect(self, members: list[int], outcome: _Outcome, run_s: float, log_dir: str,
                  launch_id: str) -> GangResult:
+        # Every node is asked at once, with one bound for all: a round trip per node, one after another,
+        # would add up on hundreds of nodes.
+        asked = {rank: self.actors[g].result.remote() for rank, g in enumerate(members) if rank not in outcome.lost}
+        if asked:
+            ray.wait(list(asked.values()), num_returns=len(asked), timeout=60)
         nodes = []
         for rank, g in enumerate(members):
-            facts, actor = self.nodes[g], self.actors[g]
+            facts = self.nodes[g]
             base = dict(rank=rank, gang_rank=g, hostname=facts.hostname, ip=facts.ip, node_id=facts.node_id,
                         location="/".join(p for p in facts.location(self.cluster.topology) if p))
             if rank in outcome.lost:
                 nodes.append(NodeResult(**base, status="lost", last_lines=outcome.tails.get(rank, [])))
                 continue
             try:
-                run: NodeRun = ray.get(actor.result.remote(), timeout=60)
+                run: NodeRun = ray.get(asked[rank], timeout=0)
             except Exception:  # noqa: BLE001 - a node that cannot answer now is as good as lost
                 nodes.append(NodeResult(**base, status="lost", last_lines=outcome.tails.get(rank, [])))
                 continue

@@ -251,7 +251,7 @@ class NodeActor:
         self._node_log.write(f"# argv {self._redactor.text(shlex.join(request.argv))}\n")
         self._process = ManagedProcess(
             request.argv, env=launch_env.env, cwd=request.cwd or None, launch_id=request.launch_id,
-            on_line=self._on_line, grace_s=request.grace_s,
+            on_line=self._on_line, grace_s=request.grace_s, on_exit=self._output.wake,
         )
         self._process.start()
         return LaunchInfo(env_report=report, log_file=str(node_log), pid=self._process.pid or -1)
@@ -335,7 +335,7 @@ class NodeActor:
             process = ManagedProcess(
                 argv, env={**self._env, **(env or {})}, cwd=cwd or self._request.cwd or None,
                 launch_id=f"{self._request.launch_id}-x{exec_id}", on_line=on_line,
-                grace_s=self._request.grace_s,
+                grace_s=self._request.grace_s, on_exit=output.wake,
             )
             if self._node_log:
                 self._node_log.write(f"{tag} argv {self._redactor.text(' '.join(argv))}\n")

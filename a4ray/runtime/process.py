@@ -65,13 +65,15 @@ class ManagedProcess:
     """Runs `argv` in a new session; feeds each output line (stdout+stderr) to `on_line`."""
 
     def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str | None, launch_id: str,
-                 on_line: Callable[[str], None], grace_s: float = 10.0):
+                 on_line: Callable[[str], None], grace_s: float = 10.0,
+                 on_exit: Callable[[], None] | None = None):
         self.argv = argv
         self.env = {**env, LAUNCH_ID_VAR: launch_id}
         self.cwd = cwd
         self.launch_id = launch_id
         self.grace_s = grace_s
         self._on_line = on_line
+        self._on_exit = on_exit  # called once the command has ended and every line was handed to on_line
         self._proc: subprocess.Popen | None = None
         self._reaper: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
@@ -117,6 +119,8 @@ class ManagedProcess:
         self.ended_at = time.time()
         self._release_reaper()  # leftovers of a finished command (daemons it forked) are killed too
         self._done.set()
+        if self._on_exit is not None:
+            self._on_exit()
 
     def _release_reaper(self) -> None:
         if self._reaper and self._reaper.stdin and not self._reaper.stdin.closed:
