@@ -1,8 +1,9 @@
 """The node actor: one per node of a gang, owning all of that node's GPUs, running its process trees.
 
 It reports the node's facts, builds the launch environment on the node (where set_nccl_env.sh is),
-starts the command in its own session, keeps its output (per-node and per-rank log files, a bounded
-in-memory tail the driver polls), and stops the whole process tree on request or when it dies.
+starts the command in its own session at the node's priority (not the lower one Ray gives its workers),
+keeps its output (per-node and per-rank log files, a bounded in-memory tail the driver polls), and stops
+the whole process tree on request or when it dies.
 
 Launches run one after another on the same actor (a test of node pairs reuses the gang). A launch with
 no command is a *standby*: the node builds its env and waits. While a launch (or standby) is current,
@@ -159,6 +160,7 @@ class NodeActor:
         self._env: dict[str, str] | None = None  # the current launch's env, for exec requests
         self._execs: dict[int, _Exec] = {}
         self._exec_lock = threading.Lock()
+        self._priority = _take_node_priority()  # None, or why this node's commands run at lower priority
 
     # ------------------------------------------------------------------ facts
     def facts(self) -> NodeFacts:
@@ -254,6 +256,7 @@ class NodeActor:
             on_line=self._on_line, grace_s=request.grace_s, on_exit=self._output.wake,
         )
         self._process.start()
+        report += [f"note: {self._priority}"] if self._priority else []
         return LaunchInfo(env_report=report, log_file=str(node_log), pid=self._process.pid or -1)
 
     def _reset(self, request: LaunchRequest) -> None:
@@ -444,6 +447,37 @@ class NodeActor:
             return os.access(path, os.W_OK)
         except OSError:
             return False
+
+
+def _take_node_priority() -> str | None:
+    """Give this actor (and so every command it starts) the niceness of the node's Ray processes.
+
+    Ray starts its workers at `worker_niceness` (15) so that its own processes win the CPU, and whatever a
+    worker starts inherits that. The node actor is the node's launcher, as torchrun's agent is when started
+    directly: it and the user's programs run at the node's priority (the raylet's, its parent's), as they
+    would without Ray. Lowering niceness needs CAP_SYS_NICE (A4's privileged pods have it); where it is
+    missing they keep Ray's, and what each launch reports says so. Returns None, or that note."""
+    import psutil
+
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        node = psutil.Process().parent().nice()
+    except (psutil.Error, AttributeError):  # no parent to ask (reparented): leave it as it is
+        return None
+    if node >= own:
+        return None
+    try:
+        # Linux keeps a niceness per thread, and a child inherits its forking thread's: set every thread's
+        # (threads started later inherit theirs from these).
+        for thread in psutil.Process().threads():
+            try:
+                os.setpriority(os.PRIO_PROCESS, thread.id, node)
+            except ProcessLookupError:  # a thread that has ended meanwhile
+                pass
+    except OSError as e:
+        return (f"runs at nice {own} (Ray's for its workers), not the node's {node}: {e.strerror or e} "
+                f"(lowering niceness needs CAP_SYS_NICE)")
+    return None
 
 
 def _with_a4ray_on_path(pythonpath: str | None) -> str:
