@@ -354,7 +354,7 @@ def main() -> int:
     import ray.cloudpickle
 
     from a4ray.runtime.connect import NAMESPACE
-    from a4ray.runtime.local import SimulatedCluster
+    from a4ray.runtime.local import LOCAL_ROOT_ENV, SimulatedCluster
 
     sys.path.insert(0, str(HERE))
     import ddp_trivial
@@ -366,6 +366,10 @@ def main() -> int:
     fan = None
     try:
         cluster.start()
+        # What a driver of this cluster's jobs knows (Ray sets it for every node's processes): where its
+        # relative local paths resolve. Without it, attaching asks the head with a Ray task, a lookup only
+        # simulated clusters make (an A4 run uses the shared workspace).
+        os.environ[LOCAL_ROOT_ENV] = cluster.root
         ray.init(address=cluster.address, namespace=NAMESPACE)
         count = 0
         for n in sizes:
