@@ -40,6 +40,10 @@ from a4ray.runtime.topology import NodeFacts, rank_order
 from a4ray.spec.job import JobSpec
 
 _LAST_LINES = 20
+# How long a node's long poll waits for news. Lines and the command's end answer at once; an idle node
+# answers this often, which costs the driver ~1.5 ms of CPU a time: every second, that was most of a core
+# at 512 nodes. The supervisor checks deadlines and hangs every second whatever the polls do.
+_POLL_WAIT_S = 5.0
 
 
 class Peer(BaseModel):
@@ -473,7 +477,7 @@ class _Supervisor:
 
     def watch(self) -> _Outcome:
         out = self.outcome
-        pending = {a.poll.remote(0, 1.0): rank for rank, a in enumerate(self.actors)}
+        pending = {a.poll.remote(0, _POLL_WAIT_S): rank for rank, a in enumerate(self.actors)}
         try:
             # Standby nodes never end by themselves: the launch is over when every command has ended.
             while any(rank not in self.standby for rank in pending.values()):
@@ -490,7 +494,7 @@ class _Supervisor:
                         return self._finish(pending)
                     self._emit(rank, poll)
                     if poll.running:
-                        pending[self.actors[rank].poll.remote(poll.cursor, 1.0)] = rank
+                        pending[self.actors[rank].poll.remote(poll.cursor, _POLL_WAIT_S)] = rank
                     elif poll.exit_code not in (0, None):
                         self._fail(rank, "failed", f"node {self.members[rank]} ({self._where(rank)}) exited "
                                    f"with code {poll.exit_code}{_signal_name(poll.exit_code)}")
