@@ -52,6 +52,7 @@ PHASE_NOTES = {
     "actors+facts": "node actors started, node facts gathered, rank order",
     "launch": "free port on node 0, each node's env built, torchrun started",
     "processes": "torchrun + user code on every node, lines streamed to the driver",
+    "node_s": "of which torchrun ran, on the slowest node (as its node actor saw it)",
     "finish": "node results, actors killed, placement group removed, result.json",
 }
 
@@ -157,11 +158,11 @@ def gang_clock(marks: dict[str, float]):
             marks.setdefault("start_out", time.monotonic())
 
     def timed_watch(self):
-        marks["watch_in"] = time.monotonic()
+        marks["watch_in"], marks["watch_cpu_in"] = time.monotonic(), time.process_time()
         try:
             return watch(self)
         finally:
-            marks["watch_out"] = time.monotonic()
+            marks["watch_out"], marks["watch_cpu_out"] = time.monotonic(), time.process_time()
 
     def timed_close(self):
         marks.setdefault("close_in", time.monotonic())
@@ -186,16 +187,25 @@ def command_spec(nodes: int, workspace: Path, argv: list[str], *, torchrun: bool
     }, "<launch benchmark>")
 
 
-def gang(nodes: int, workspace: Path) -> dict:
-    """a4ray's public run path, timed end to end; the phases from `gang_clock`."""
+def _cpu(proc) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def gang(nodes: int, workspace: Path, gcs) -> dict:
+    """a4ray's public run path, timed end to end; the phases from `gang_clock`. Also the CPU this
+    driver and the GCS spent on it: the two places every node's work meets (on A4 each node's own
+    work runs on its own CPUs; here all of it shares this machine's)."""
     from a4ray import runner
 
     marks: dict[str, float] = {}
+    cpu0, gcs0 = time.process_time(), _cpu(gcs)
     with gang_clock(marks):
         t0 = time.monotonic()
         spec = command_spec(nodes, workspace, [str(PROGRAM)], torchrun=True)
         result = runner.run(spec)
         t_end = time.monotonic()
+    driver_cpu, gcs_cpu = time.process_time() - cpu0, _cpu(gcs) - gcs0
     if not result.ok:
         raise RuntimeError(f"gang on {nodes} nodes: {result.verdict}")
     g = result.gang
@@ -208,7 +218,8 @@ def gang(nodes: int, workspace: Path) -> dict:
         "finish": t_end - marks["watch_out"],
     }
     node_s = max(n.duration_s or 0.0 for n in g.nodes)  # torchrun's own run, as each node actor saw it
-    return {"wall": t_end - t0, "start_s": g.start_s, "run_s": g.run_s, "node_s": node_s, **phases}
+    return {"wall": t_end - t0, "start_s": g.start_s, "run_s": g.run_s, "node_s": node_s, **phases,
+            "driver_cpu": driver_cpu, "gcs_cpu": gcs_cpu}
 
 
 # ------------------------------------------------------------------------------------------ (c)
@@ -233,9 +244,10 @@ def ray_train(nodes: int, storage: Path, index: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ fan-in
-def fanin(nodes: int, lines: int, workspace: Path, logs: Path) -> dict:
-    """Per-line cost of streaming every node's lines through the driver: a command printing `lines`
-    lines on every node, through the gang and bare (its output to a file), the same N processes."""
+def fanin(nodes: int, lines: int, workspace: Path, logs: Path, idle_s: float = 5.0) -> dict:
+    """What streaming every node's lines through the driver costs: a command printing `lines` lines on
+    every node, through the gang and bare (its output to a file), the same N processes; and the driver's
+    CPU while N nodes run a silent `sleep` (the long polls of supervision alone)."""
     from a4ray import runner
 
     argv = [sys.executable, "-c", f"import sys\nfor i in range({lines}): sys.stdout.write(f'line {{i}}\\n')"]
@@ -248,12 +260,28 @@ def fanin(nodes: int, lines: int, workspace: Path, logs: Path) -> dict:
     if any(p.wait() for p in procs):
         raise RuntimeError("the fan-in command failed bare")
     bare = time.monotonic() - t0
-    result = runner.run(command_spec(nodes, workspace, argv, torchrun=False))
+    busy: dict[str, float] = {}
+    with gang_clock(busy):
+        result = runner.run(command_spec(nodes, workspace, argv, torchrun=False))
     if not result.ok:
         raise RuntimeError(f"fan-in through the gang: {result.verdict}")
+    cpu0 = time.process_time()
+    time.sleep(idle_s)  # what this driver spends with no gang at all (Ray's own threads in it)
+    baseline = (time.process_time() - cpu0) / idle_s
+    quiet: dict[str, float] = {}
+    with gang_clock(quiet):
+        silent = runner.run(command_spec(nodes, workspace, ["sleep", f"{idle_s:g}"], torchrun=False))
+    if not silent.ok:
+        raise RuntimeError(f"sleep through the gang: {silent.verdict}")
     total = nodes * lines
-    return {"lines": total, "bare_s": bare, "gang_run_s": result.gang.run_s,
-            "us_per_line": max(0.0, result.gang.run_s - bare) / total * 1e6}
+    watched = quiet["watch_out"] - quiet["watch_in"]
+    return {"nodes": nodes, "lines": total, "bare_s": bare, "gang_run_s": result.gang.run_s,
+            "us_per_line": max(0.0, result.gang.run_s - bare) / total * 1e6,
+            # driver CPU while the supervisor streamed them (the polls' own cost is a small part here)
+            "driver_us_per_line": (busy["watch_cpu_out"] - busy["watch_cpu_in"]) / total * 1e6,
+            "idle_ms_per_node_s": max(0.0, (quiet["watch_cpu_out"] - quiet["watch_cpu_in"]) / watched - baseline)
+                                  / nodes * 1e3, "baseline_ms_s": baseline * 1e3,
+            "idle_s": watched}
 
 
 # ------------------------------------------------------------------------------------------ tables
@@ -278,8 +306,10 @@ def size_table(nodes: int, runs: dict[str, list[dict]], reps: int) -> str:
 
 def phase_table(sizes: list[int], gang_runs: dict[int, list[dict]]) -> str:
     rows = []
-    for key in ("start_s", "run_s", *PHASES, "wall"):
-        label = {"start_s": "GangResult.start_s", "run_s": "GangResult.run_s", "wall": "total (b)"}.get(key, key)
+    keys = ("start_s", "run_s", *PHASES[:5], "node_s", *PHASES[5:], "wall")
+    for key in keys:
+        label = {"start_s": "GangResult.start_s", "run_s": "GangResult.run_s", "wall": "total (b)",
+                 "node_s": "  torchrun itself"}.get(key, key)
         meds = [statistics.median(r[key] for r in gang_runs[n]) for n in sizes]
         slope = _slope(sizes, meds)
         rows.append([label, *(f"{v:.2f}" for v in meds), f"{slope * 1000:+.0f}" if slope is not None else "-",
@@ -350,6 +380,7 @@ def main() -> int:
     report.print(f"launch benchmark: sizes {sizes}, {args.reps} reps after {args.warmup} warm-up round(s) "
                  f"of all three, {os.cpu_count()} CPU cores; run log: {work / 'run.log'}")
 
+    import psutil
     import ray
     import ray.cloudpickle
 
@@ -371,6 +402,7 @@ def main() -> int:
         # simulated clusters make (an A4 run uses the shared workspace).
         os.environ[LOCAL_ROOT_ENV] = cluster.root
         ray.init(address=cluster.address, namespace=NAMESPACE)
+        gcs = psutil.Process(cluster.cluster.head_node.all_processes["gcs_server"][0].process.pid)
         count = 0
         for n in sizes:
             while len(cluster.workers) < n:
@@ -388,7 +420,7 @@ def main() -> int:
                     if m == "torchrun":
                         r = bare_torchrun(n, work / f"torchrun-{count:03d}")
                     elif m == "gang":
-                        r = gang(n, work / "workspace")
+                        r = gang(n, work / "workspace", gcs)
                     else:
                         r = ray_train(n, work / "ray-train", count)
                     report.mark(f"{tag}: {r['wall']:.2f}s")
@@ -410,10 +442,20 @@ def main() -> int:
     report.print("what dominates the gang's start, and how it grows:")
     for line in growth_summary(sizes, gang_runs):
         report.print(line)
+    report.print("where every node's work meets (serial however many nodes; medians, CPU seconds per launch):")
+    for key, where in (("driver_cpu", "this driver"), ("gcs_cpu", "the GCS")):
+        meds = [statistics.median(r[key] for r in gang_runs[n]) for n in sizes]
+        slope = _slope(sizes, meds)
+        report.print(f"  {where}: " + " -> ".join(f"{v:.2f}s" for v in meds) + f" for {' -> '.join(map(str, sizes))} "
+                     f"nodes" + (f" ({slope * 1000:+.0f} ms/node)" if slope is not None else ""))
     if fan:
-        report.print(f"log fan-in through the driver, {sizes[-1]} nodes x {args.fanin_lines} lines: run "
+        report.print(f"log fan-in through the driver, {fan['nodes']} nodes x {args.fanin_lines} lines: run "
                      f"{fan['gang_run_s']:.2f}s through the gang vs {fan['bare_s']:.2f}s bare to files: "
-                     f"{fan['us_per_line']:.1f} us per line ({fan['lines'] / fan['gang_run_s']:,.0f} lines/s)")
+                     f"{fan['us_per_line']:.1f} us per line more ({fan['lines'] / fan['gang_run_s']:,.0f} lines/s), "
+                     f"{fan['driver_us_per_line']:.1f} us of driver CPU per line")
+        report.print(f"supervision alone ({fan['nodes']} silent nodes, {fan['idle_s']:.1f}s): "
+                     f"{fan['idle_ms_per_node_s']:.2f} ms of driver CPU per node per second (above the "
+                     f"{fan['baseline_ms_s']:.1f} ms/s this driver spends with no gang)")
     report.print()
     text, met = ratio_table(sizes, runs)
     report.print(text)
