@@ -13,10 +13,14 @@ every rank checks):
                 this process's Ray session: run directory, placement group, node actors, node facts,
                 launch, every rank's lines streamed through the driver, results, teardown
   (c) Ray Train `TorchTrainer(...).fit()`, one worker per node (STRICT_SPREAD, 1 CPU each)
-For each size: one untimed warm-up round of all three, then `--reps` rounds, each running a, b, c in a
-rotating order. Prints a table per size (median, min, max), the gang's start broken into phases (timed
-from outside a4ray, by wrapping Gang.start's waits), how each phase grows with nodes, the driver's
-per-line log fan-in cost, and last the ratios b/a and b/c against the goals (b/a <= 1.1, b/c <= 0.6).
+and, as a diagnostic of (b)'s start, Ray's floor: the same placement group and N empty actors with the
+gang's options (what any one-actor-per-node design pays Ray). For each size: one untimed warm-up round
+of all of them, then `--reps` rounds, each running them in a rotating order, `--pause` seconds apart.
+Prints a table per size (median, min, max), the gang's time by phase (timed from outside a4ray, by
+wrapping Gang.start's waits, the supervisor and Gang.close), how its start grows with nodes against
+Ray's floor, the CPU the driver and the GCS spend per launch (serial however many nodes there are), the
+driver's cost per streamed line and per idle node, and last the ratios b/a and b/c against the goals
+(b/a <= 1.1, b/c <= 0.6). Ray Train runs with its defaults (Ray Train v2).
 
 Every rank's lines and all of Ray's and a4ray's messages go to a run log (`--logs`, printed at the
 start), so that the tables stay readable; `--verbose` leaves them on the terminal.
@@ -44,6 +48,7 @@ PROGRAM = HERE / "ddp_trivial.py"
 GOAL_VS_TORCHRUN = 1.1
 GOAL_VS_RAY_TRAIN = 0.6
 METHODS = ("torchrun", "gang", "ray_train")
+ROTATION = (*METHODS, "floor")  # the floor: a diagnostic of the gang's start, in the same rotation
 LABELS = {"torchrun": "(a) bare torchrun", "gang": "(b) a4ray gang", "ray_train": "(c) Ray Train TorchTrainer"}
 PHASES = ("prep", "placement", "actors+facts", "launch", "processes", "finish")
 PHASE_NOTES = {
@@ -146,7 +151,7 @@ def gang_clock(marks: dict[str, float]):
     import a4ray.runtime.gang as g
 
     clock = _RayClock(g.ray, marks)
-    start, watch, close = g.Gang.start, g._Supervisor.watch, g.Gang.close
+    start, watch, close, emit = g.Gang.start, g._Supervisor.watch, g.Gang.close, g._Supervisor._emit
 
     def timed_start(self):
         marks.setdefault("start_in", time.monotonic())
@@ -168,11 +173,17 @@ def gang_clock(marks: dict[str, float]):
         marks.setdefault("close_in", time.monotonic())
         close(self)
 
-    g.ray, g.Gang.start, g._Supervisor.watch, g.Gang.close = clock, timed_start, timed_watch, timed_close
+    def counted_emit(self, rank, poll):
+        marks["answers"] = marks.get("answers", 0) + 1  # poll answers the supervisor handled
+        emit(self, rank, poll)
+
+    saved = g.ray, g.Gang.start, g._Supervisor.watch, g.Gang.close, g._Supervisor._emit
+    g.ray, g.Gang.start, g._Supervisor.watch, g.Gang.close, g._Supervisor._emit = (
+        clock, timed_start, timed_watch, timed_close, counted_emit)
     try:
         yield marks
     finally:
-        g.ray, g.Gang.start, g._Supervisor.watch, g.Gang.close = clock._real, start, watch, close
+        g.ray, g.Gang.start, g._Supervisor.watch, g.Gang.close, g._Supervisor._emit = saved
 
 
 def command_spec(nodes: int, workspace: Path, argv: list[str], *, torchrun: bool):
@@ -243,6 +254,39 @@ def ray_train(nodes: int, storage: Path, index: int) -> dict:
     return {"wall": wall}
 
 
+# ------------------------------------------------------------------------------------------ Ray's floor
+def ray_floor(nodes: int) -> dict:
+    """The gang's start with nothing of a4ray in it: the same placement group (STRICT_SPREAD, the same
+    bundles) and the same actor options, an empty class, one call to each; then both removed."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from a4ray.spec.cluster import ClusterSpec
+
+    class Empty:  # defined here so that it travels by value: workers need not import this file
+        def ping(self) -> int:
+            return os.getpid()
+
+    c = ClusterSpec(nodes=nodes, gpus_per_node=1, cpus_per_node=1)
+    t0 = time.monotonic()
+    pg = placement_group([{"CPU": c.cpus_per_node, "GPU": c.gpus_per_node, c.node_resource: 1}] * nodes,
+                         strategy="STRICT_SPREAD")
+    ray.get(pg.ready(), timeout=120)
+    t_pg = time.monotonic()
+    actor_cls = ray.remote(Empty)
+    actors = [actor_cls.options(num_cpus=c.cpus_per_node, num_gpus=c.gpus_per_node,
+                                resources={c.node_resource: 1}, max_concurrency=8,
+                                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+                                ).remote() for i in range(nodes)]
+    ray.get([a.ping.remote() for a in actors], timeout=120)
+    t_actors = time.monotonic()
+    for a in actors:
+        ray.kill(a)
+    remove_placement_group(pg)
+    return {"wall": t_actors - t0, "placement": t_pg - t0, "actors": t_actors - t_pg}
+
+
 # ------------------------------------------------------------------------------------------ fan-in
 def fanin(nodes: int, lines: int, workspace: Path, logs: Path, idle_s: float = 5.0) -> dict:
     """What streaming every node's lines through the driver costs: a command printing `lines` lines on
@@ -268,9 +312,17 @@ def fanin(nodes: int, lines: int, workspace: Path, logs: Path, idle_s: float = 5
     cpu0 = time.process_time()
     time.sleep(idle_s)  # what this driver spends with no gang at all (Ray's own threads in it)
     baseline = (time.process_time() - cpu0) / idle_s
+    # An idle node answers its long poll every _POLL_WAIT_S; answering often makes each answer's cost
+    # measurable above the driver's own noise.
+    import a4ray.runtime.gang as g
+
     quiet: dict[str, float] = {}
-    with gang_clock(quiet):
-        silent = runner.run(command_spec(nodes, workspace, ["sleep", f"{idle_s:g}"], torchrun=False))
+    wait_s, g._POLL_WAIT_S = g._POLL_WAIT_S, 0.05
+    try:
+        with gang_clock(quiet):
+            silent = runner.run(command_spec(nodes, workspace, ["sleep", f"{idle_s:g}"], torchrun=False))
+    finally:
+        g._POLL_WAIT_S = wait_s
     if not silent.ok:
         raise RuntimeError(f"sleep through the gang: {silent.verdict}")
     total = nodes * lines
@@ -279,9 +331,8 @@ def fanin(nodes: int, lines: int, workspace: Path, logs: Path, idle_s: float = 5
             "us_per_line": max(0.0, result.gang.run_s - bare) / total * 1e6,
             # driver CPU while the supervisor streamed them (the polls' own cost is a small part here)
             "driver_us_per_line": (busy["watch_cpu_out"] - busy["watch_cpu_in"]) / total * 1e6,
-            "idle_ms_per_node_s": max(0.0, (quiet["watch_cpu_out"] - quiet["watch_cpu_in"]) / watched - baseline)
-                                  / nodes * 1e3, "baseline_ms_s": baseline * 1e3,
-            "idle_s": watched}
+            "ms_per_answer": max(0.0, quiet["watch_cpu_out"] - quiet["watch_cpu_in"] - baseline * watched)
+                             / quiet["answers"] * 1e3, "poll_wait_s": wait_s}
 
 
 # ------------------------------------------------------------------------------------------ tables
@@ -327,20 +378,26 @@ def _slope(xs: list[int], ys: list[float]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def growth_summary(sizes: list[int], gang_runs: dict[int, list[dict]]) -> list[str]:
-    start = ("placement", "actors+facts")
+def growth_summary(sizes: list[int], runs: dict[int, dict[str, list[dict]]]) -> list[str]:
     lines = []
     for n in sizes:
-        meds = {p: statistics.median(r[p] for r in gang_runs[n]) for p in PHASES}
-        total = statistics.median(r["wall"] for r in gang_runs[n])
-        top = max(meds, key=meds.get)
-        start_top = max(start, key=meds.get)
-        lines.append(f"  {n} nodes: start {sum(meds[p] for p in start):.2f}s, dominated by {start_top} "
-                     f"({meds[start_top]:.2f}s); the whole launch by {top} ({meds[top]:.2f}s of {total:.2f}s)")
+        gang_runs, floor = runs[n]["gang"], runs[n]["floor"]
+        meds = {p: statistics.median(r[p] for r in gang_runs) for p in PHASES}
+        total = statistics.median(r["wall"] for r in gang_runs)
+        start = meds["placement"] + meds["actors+facts"]
+        ray_pg, ray_actors = (statistics.median(r[k] for r in floor) for k in ("placement", "actors"))
+        lines.append(f"  {n} nodes: start {start:.2f}s = placement {meds['placement']:.2f}s + actors and facts "
+                     f"{meds['actors+facts']:.2f}s; Ray's floor (same placement group, empty actors) "
+                     f"{ray_pg + ray_actors:.2f}s, so a4ray's own part {start - ray_pg - ray_actors:+.2f}s; "
+                     f"the whole launch: processes {meds['processes']:.2f}s of {total:.2f}s")
     if len(sizes) > 1:
-        for p in start:
-            meds = [statistics.median(r[p] for r in gang_runs[n]) for n in sizes]
-            lines.append(f"  {p}: " + " -> ".join(f"{v:.2f}s" for v in meds)
+        series = {
+            "gang start": [statistics.median(r["placement"] + r["actors+facts"] for r in runs[n]["gang"]) for n in sizes],
+            "Ray's floor": [statistics.median(r["wall"] for r in runs[n]["floor"]) for n in sizes],
+            "placement": [statistics.median(r["placement"] for r in runs[n]["gang"]) for n in sizes],
+        }
+        for name, meds in series.items():
+            lines.append(f"  {name}: " + " -> ".join(f"{v:.2f}s" for v in meds)
                          + f" for {' -> '.join(map(str, sizes))} nodes ({_slope(sizes, meds) * 1000:+.0f} ms/node)")
     return lines
 
@@ -408,10 +465,10 @@ def main() -> int:
             while len(cluster.workers) < n:
                 cluster.add_node()
             cluster.cluster.wait_for_nodes()
-            runs[n] = {m: [] for m in METHODS}
+            runs[n] = {m: [] for m in ROTATION}
             for rnd in range(args.warmup + args.reps):
                 timed = rnd >= args.warmup
-                order = METHODS[rnd % 3:] + METHODS[:rnd % 3]
+                order = ROTATION[rnd % len(ROTATION):] + ROTATION[:rnd % len(ROTATION)]
                 for m in order:
                     count += 1
                     tag = f"{n} nodes, {'rep ' + str(rnd - args.warmup + 1) if timed else 'warm-up'}, {m}"
@@ -421,6 +478,8 @@ def main() -> int:
                         r = bare_torchrun(n, work / f"torchrun-{count:03d}")
                     elif m == "gang":
                         r = gang(n, work / "workspace", gcs)
+                    elif m == "floor":
+                        r = ray_floor(n)
                     else:
                         r = ray_train(n, work / "ray-train", count)
                     report.mark(f"{tag}: {r['wall']:.2f}s")
@@ -440,7 +499,7 @@ def main() -> int:
     report.print()
     report.print(phase_table(sizes, gang_runs))
     report.print("what dominates the gang's start, and how it grows:")
-    for line in growth_summary(sizes, gang_runs):
+    for line in growth_summary(sizes, runs):
         report.print(line)
     report.print("where every node's work meets (serial however many nodes; medians, CPU seconds per launch):")
     for key, where in (("driver_cpu", "this driver"), ("gcs_cpu", "the GCS")):
@@ -453,9 +512,17 @@ def main() -> int:
                      f"{fan['gang_run_s']:.2f}s through the gang vs {fan['bare_s']:.2f}s bare to files: "
                      f"{fan['us_per_line']:.1f} us per line more ({fan['lines'] / fan['gang_run_s']:,.0f} lines/s), "
                      f"{fan['driver_us_per_line']:.1f} us of driver CPU per line")
-        report.print(f"supervision alone ({fan['nodes']} silent nodes, {fan['idle_s']:.1f}s): "
-                     f"{fan['idle_ms_per_node_s']:.2f} ms of driver CPU per node per second (above the "
-                     f"{fan['baseline_ms_s']:.1f} ms/s this driver spends with no gang)")
+        report.print(f"supervision alone: {fan['ms_per_answer']:.2f} ms of driver CPU per answer of an idle node's "
+                     f"long poll (timed with answers every 0.05s); an idle node answers every "
+                     f"{fan['poll_wait_s']:g}s: {fan['ms_per_answer'] / fan['poll_wait_s']:.2f} ms per node per second")
+    report.print()
+    rows = []
+    for n in sizes:
+        rows.append([str(n), *(f"{statistics.median(r['wall'] for r in runs[n][m]):.2f} "
+                               f"({min(r['wall'] for r in runs[n][m]):.2f}-{max(r['wall'] for r in runs[n][m]):.2f})"
+                               for m in METHODS)])
+    report.print(_table(f"launch -> every rank done -> returned: median (min-max) seconds, {args.reps} reps",
+                        ["nodes", *(LABELS[m] for m in METHODS)], rows))
     report.print()
     text, met = ratio_table(sizes, runs)
     report.print(text)
