@@ -186,6 +186,8 @@ def submit(spec: JobSpec, *, runtime_env: dict | None = None) -> Run:
     if isinstance(spec, StageJob):
         raise A4RayError("a stage spec runs as Ray tasks from this process", hint="a4ray.run(spec)")
     workspace = cluster.workspace(spec)
+    if cluster.simulated:  # the driver finds the local workspace where this process does, wherever it runs
+        spec = spec.set("storage.local_workspace", str(workspace))
     try:
         run_dir = RunDir.create(workspace, spec.name)
     except OSError as e:

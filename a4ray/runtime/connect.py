@@ -45,19 +45,13 @@ class Connection:
         return any(n.get("Labels", {}).get(SIMULATED_LABEL) == "true" for n in ray.nodes() if n.get("Alive"))
 
     def workspace(self, shared: str, local: str) -> Path:
-        """The workspace root: shared storage on a real cluster, a local directory when simulated (a
-        relative one under the directory the simulated cluster was started in)."""
+        """The workspace root: shared storage on a real cluster, a local directory when simulated. A relative
+        one is under the directory the simulated cluster started in where that is known (an embedded
+        cluster; a Ray job's driver, whose own directory is a temporary copy), else this directory."""
         if not self.simulated:
             return Path(shared)
-        return (self._local_root() / local).resolve()
-
-    def _local_root(self) -> Path:
-        """The directory the simulated cluster was started in: known here (an embedded cluster, a job's driver),
-        else asked of the cluster's head (`a4ray local up` started elsewhere), else this directory."""
-        root = os.environ.get(LOCAL_ROOT_ENV) or (self.local.root if self.local else None)
-        if root is None:
-            root = ray.get(ray.remote(num_cpus=0)(_node_local_root).remote(), timeout=60)
-        return Path(root or os.getcwd())
+        root = os.environ.get(LOCAL_ROOT_ENV) or (self.local.root if self.local else None) or os.getcwd()
+        return (Path(root) / local).resolve()
 
     def close(self) -> None:
         if self._owns_ray and ray.is_initialized():
@@ -71,10 +65,6 @@ class Connection:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _node_local_root() -> str | None:
-    return os.environ.get(LOCAL_ROOT_ENV)
 
 
 def _init(address: str) -> str | None:
