@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -335,6 +336,31 @@ def fanin(nodes: int, lines: int, workspace: Path, logs: Path, idle_s: float = 5
                              / quiet["answers"] * 1e3, "poll_wait_s": wait_s}
 
 
+def wait_cost(pending: int) -> float:
+    """Driver ms of one `ray.wait(num_returns=1)` over `pending` outstanding calls (the supervisor's loop
+    makes one per batch of answers, over one long poll per node)."""
+    import asyncio
+
+    import ray
+
+    @ray.remote(num_cpus=0, max_concurrency=pending + 1)
+    class Holder:
+        async def hold(self, s: float) -> float:
+            await asyncio.sleep(s)
+            return s
+
+    holder = Holder.remote()
+    ray.get(holder.hold.remote(0))
+    refs = [holder.hold.remote(600) for _ in range(pending)]
+    time.sleep(1)
+    t0, calls = time.perf_counter(), 200
+    for _ in range(calls):
+        ray.wait(refs, num_returns=1, timeout=0)
+    cost = (time.perf_counter() - t0) / calls * 1e3
+    ray.kill(holder)
+    return cost
+
+
 # ------------------------------------------------------------------------------------------ tables
 def _stats(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
@@ -490,12 +516,14 @@ def main() -> int:
             report.mark("log fan-in")
             time.sleep(args.pause)
             fan = fanin(sizes[-1], args.fanin_lines, work / "workspace", work / "fanin")
+            fan["wait_ms"] = {n: wait_cost(n) for n in (64, 512)}
     finally:
         ray.shutdown()
         cluster.shutdown()
         shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
 
     gang_runs = {n: runs[n]["gang"] for n in sizes}
+    (work / "results.json").write_text(json.dumps({"runs": runs, "fanin": fan}, indent=1))
     report.print()
     report.print(phase_table(sizes, gang_runs))
     report.print("what dominates the gang's start, and how it grows:")
@@ -515,6 +543,8 @@ def main() -> int:
         report.print(f"supervision alone: {fan['ms_per_answer']:.2f} ms of driver CPU per answer of an idle node's "
                      f"long poll (timed with answers every 0.05s); an idle node answers every "
                      f"{fan['poll_wait_s']:g}s: {fan['ms_per_answer'] / fan['poll_wait_s']:.2f} ms per node per second")
+        report.print("the supervisor's ray.wait over one pending poll per node: " + ", ".join(
+            f"{ms:.2f} ms at {n} nodes" for n, ms in fan["wait_ms"].items()))
     report.print()
     rows = []
     for n in sizes:
@@ -527,6 +557,7 @@ def main() -> int:
     text, met = ratio_table(sizes, runs)
     report.print(text)
     report.print("goals met at every size" if met else "goals missed at some size (see MISS)")
+    report.print(f"every run's figures: {work / 'results.json'}")
     return 0
 
 
