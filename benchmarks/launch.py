@@ -204,6 +204,14 @@ def _cpu(proc) -> float:
     return times.user + times.system
 
 
+def idle_rates(gcs, seconds: float = 5.0) -> dict[str, float]:
+    """CPU seconds per second this driver and the GCS spend with no launch at all (Ray's own threads in
+    the driver; the raylets' heartbeats and reports in the GCS, which grow with the nodes)."""
+    cpu0, gcs0 = time.process_time(), _cpu(gcs)
+    time.sleep(seconds)
+    return {"driver": (time.process_time() - cpu0) / seconds, "gcs": (_cpu(gcs) - gcs0) / seconds}
+
+
 def gang(nodes: int, workspace: Path, gcs) -> dict:
     """a4ray's public run path, timed end to end; the phases from `gang_clock`. Also the CPU this
     driver and the GCS spent on it: the two places every node's work meets (on A4 each node's own
@@ -477,6 +485,7 @@ def main() -> int:
 
     cluster = SimulatedCluster(sizes[0], gpus_per_node=1, cpus_per_node=2)
     runs: dict[int, dict[str, list[dict]]] = {}
+    idle: dict[int, dict[str, float]] = {}
     fan = None
     try:
         cluster.start()
@@ -492,6 +501,7 @@ def main() -> int:
                 cluster.add_node()
             cluster.cluster.wait_for_nodes()
             runs[n] = {m: [] for m in ROTATION}
+            idle[n] = idle_rates(gcs)
             for rnd in range(args.warmup + args.reps):
                 timed = rnd >= args.warmup
                 order = ROTATION[rnd % len(ROTATION):] + ROTATION[:rnd % len(ROTATION)]
@@ -523,18 +533,20 @@ def main() -> int:
         shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
 
     gang_runs = {n: runs[n]["gang"] for n in sizes}
-    (work / "results.json").write_text(json.dumps({"runs": runs, "fanin": fan}, indent=1))
+    (work / "results.json").write_text(json.dumps({"runs": runs, "idle_cpu_per_s": idle, "fanin": fan}, indent=1))
     report.print()
     report.print(phase_table(sizes, gang_runs))
     report.print("what dominates the gang's start, and how it grows:")
     for line in growth_summary(sizes, runs):
         report.print(line)
-    report.print("where every node's work meets (serial however many nodes; medians, CPU seconds per launch):")
-    for key, where in (("driver_cpu", "this driver"), ("gcs_cpu", "the GCS")):
-        meds = [statistics.median(r[key] for r in gang_runs[n]) for n in sizes]
+    report.print("where every node's work meets (serial however many nodes): CPU seconds per launch, medians, "
+                 "above what each spends idle over the launch's wall time")
+    for key, where, rate in (("driver_cpu", "this driver", "driver"), ("gcs_cpu", "the GCS", "gcs")):
+        meds = [statistics.median(r[key] - idle[n][rate] * r["wall"] for r in gang_runs[n]) for n in sizes]
         slope = _slope(sizes, meds)
         report.print(f"  {where}: " + " -> ".join(f"{v:.2f}s" for v in meds) + f" for {' -> '.join(map(str, sizes))} "
-                     f"nodes" + (f" ({slope * 1000:+.0f} ms/node)" if slope is not None else ""))
+                     f"nodes" + (f" ({slope * 1000:+.0f} ms/node)" if slope is not None else "")
+                     + "; idle: " + ", ".join(f"{idle[n][rate] * 1e3:.1f}" for n in sizes) + " ms/s")
     if fan:
         report.print(f"log fan-in through the driver, {fan['nodes']} nodes x {args.fanin_lines} lines: run "
                      f"{fan['gang_run_s']:.2f}s through the gang vs {fan['bare_s']:.2f}s bare to files: "
