@@ -239,7 +239,7 @@ def gang(nodes: int, workspace: Path, gcs) -> dict:
     }
     node_s = max(n.duration_s or 0.0 for n in g.nodes)  # torchrun's own run, as each node actor saw it
     return {"wall": t_end - t0, "start_s": g.start_s, "run_s": g.run_s, "node_s": node_s, **phases,
-            "driver_cpu": driver_cpu, "gcs_cpu": gcs_cpu}
+            "driver_cpu": driver_cpu, "gcs_cpu": gcs_cpu, "answers": marks.get("answers", 0)}
 
 
 # ------------------------------------------------------------------------------------------ (c)
@@ -264,7 +264,7 @@ def ray_train(nodes: int, storage: Path, index: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ Ray's floor
-def ray_floor(nodes: int) -> dict:
+def ray_floor(nodes: int, gcs) -> dict:
     """The gang's start with nothing of a4ray in it: the same placement group (STRICT_SPREAD, the same
     bundles) and the same actor options, an empty class, one call to each; then both removed."""
     import ray
@@ -278,6 +278,7 @@ def ray_floor(nodes: int) -> dict:
             return os.getpid()
 
     c = ClusterSpec(nodes=nodes, gpus_per_node=1, cpus_per_node=1)
+    cpu0, gcs0 = time.process_time(), _cpu(gcs)
     t0 = time.monotonic()
     pg = placement_group([{"CPU": c.cpus_per_node, "GPU": c.gpus_per_node, c.node_resource: 1}] * nodes,
                          strategy="STRICT_SPREAD")
@@ -293,7 +294,9 @@ def ray_floor(nodes: int) -> dict:
     for a in actors:
         ray.kill(a)
     remove_placement_group(pg)
-    return {"wall": t_actors - t0, "placement": t_pg - t0, "actors": t_actors - t_pg}
+    time.sleep(0.5)  # the kills and the removal, which the GCS handles after these calls return
+    return {"wall": t_actors - t0, "placement": t_pg - t0, "actors": t_actors - t_pg,
+            "driver_cpu": time.process_time() - cpu0, "gcs_cpu": _cpu(gcs) - gcs0, "cpu_s": time.monotonic() - t0}
 
 
 # ------------------------------------------------------------------------------------------ fan-in
@@ -515,7 +518,7 @@ def main() -> int:
                     elif m == "gang":
                         r = gang(n, work / "workspace", gcs)
                     elif m == "floor":
-                        r = ray_floor(n)
+                        r = ray_floor(n, gcs)
                     else:
                         r = ray_train(n, work / "ray-train", count)
                     report.mark(f"{tag}: {r['wall']:.2f}s")
@@ -540,13 +543,28 @@ def main() -> int:
     for line in growth_summary(sizes, runs):
         report.print(line)
     report.print("where every node's work meets (serial however many nodes): CPU seconds per launch, medians, "
-                 "above what each spends idle over the launch's wall time")
-    for key, where, rate in (("driver_cpu", "this driver", "driver"), ("gcs_cpu", "the GCS", "gcs")):
-        meds = [statistics.median(r[key] - idle[n][rate] * r["wall"] for r in gang_runs[n]) for n in sizes]
+                 "above what each spends idle over the same time")
+    per_answer = fan["ms_per_answer"] / 1e3 if fan else 0.0
+    series = {
+        "this driver, gang": [statistics.median(r["driver_cpu"] - idle[n]["driver"] * r["wall"] for r in gang_runs[n])
+                              for n in sizes],
+        "  less its answers to idle long polls": [
+            statistics.median(r["driver_cpu"] - idle[n]["driver"] * r["wall"] - r["answers"] * per_answer
+                              for r in gang_runs[n]) for n in sizes],
+        "this driver, Ray's floor": [statistics.median(r["driver_cpu"] - idle[n]["driver"] * r["cpu_s"]
+                                                       for r in runs[n]["floor"]) for n in sizes],
+        "the GCS, gang": [statistics.median(r["gcs_cpu"] - idle[n]["gcs"] * r["wall"] for r in gang_runs[n])
+                          for n in sizes],
+        "the GCS, Ray's floor": [statistics.median(r["gcs_cpu"] - idle[n]["gcs"] * r["cpu_s"] for r in runs[n]["floor"])
+                                 for n in sizes],
+    }
+    for name, meds in series.items():
         slope = _slope(sizes, meds)
-        report.print(f"  {where}: " + " -> ".join(f"{v:.2f}s" for v in meds) + f" for {' -> '.join(map(str, sizes))} "
-                     f"nodes" + (f" ({slope * 1000:+.0f} ms/node)" if slope is not None else "")
-                     + "; idle: " + ", ".join(f"{idle[n][rate] * 1e3:.1f}" for n in sizes) + " ms/s")
+        report.print(f"  {name}: " + " -> ".join(f"{v:.3f}s" for v in meds) + f" for {' -> '.join(map(str, sizes))} "
+                     f"nodes" + (f" ({slope * 1000:+.1f} ms/node)" if slope is not None else ""))
+    report.print("  idle: this driver " + ", ".join(f"{idle[n]['driver'] * 1e3:.1f}" for n in sizes)
+                 + " ms/s; the GCS " + ", ".join(f"{idle[n]['gcs'] * 1e3:.1f}" for n in sizes)
+                 + f" ms/s at {', '.join(map(str, sizes))} nodes")
     if fan:
         report.print(f"log fan-in through the driver, {fan['nodes']} nodes x {args.fanin_lines} lines: run "
                      f"{fan['gang_run_s']:.2f}s through the gang vs {fan['bare_s']:.2f}s bare to files: "
