@@ -161,6 +161,7 @@ class NodeActor:
         self._execs: dict[int, _Exec] = {}
         self._exec_lock = threading.Lock()
         self._priority = _take_node_priority()  # None, or why this node's commands run at lower priority
+        self._ray_only = _ray_worker_env()  # what Ray set for this worker alone, kept from the commands
 
     # ------------------------------------------------------------------ facts
     def facts(self) -> NodeFacts:
@@ -204,11 +205,12 @@ class NodeActor:
         if self._running() or self._standby.is_set():
             raise RuntimeError("this node actor is still running a launch; stop it first")
         self._reset(request)
-        base = dict(os.environ)
+        base = {k: v for k, v in os.environ.items() if k not in self._ray_only}
         node = f"node {request.node_rank} ({socket.gethostname()})"
         gib, gib_note = gib_layer(request.network, base, node)
         layers: list[EnvLayer | None] = [gib]
-        notes = [gib_note]
+        notes = [gib_note] + [f"not passed on: {k}={v}, which Ray sets for the node actor's own CPU reservation"
+                              for k, v in self._ray_only.items()]
         for script in request.env_scripts:
             so_far = build_env(base, layers).env  # a script extends what gIB set (LD_LIBRARY_PATH, ...)
             try:
@@ -478,6 +480,28 @@ def _take_node_priority() -> str | None:
         return (f"runs at nice {own} (Ray's for its workers), not the node's {node}: {e.strerror or e} "
                 f"(lowering niceness needs CAP_SYS_NICE)")
     return None
+
+
+def _ray_worker_env() -> dict[str, str]:
+    """Variables Ray set in this worker's env for the worker itself, which the commands it starts must not
+    inherit: OMP_NUM_THREADS, which Ray sets to a task's or actor's CPUs (the node actor reserves 1) where
+    neither the node nor the job set it. The node's programs own the whole node: torchrun sets it per
+    process where it starts several, a single program uses the node's cores, as without Ray. A value the
+    node (the raylet's env) or the job (its runtime env) set is the user's, and stays."""
+    import psutil
+    import ray
+
+    value = os.environ.get("OMP_NUM_THREADS")
+    if value is None:
+        return {}
+    try:
+        node_env = psutil.Process().parent().environ()
+        job_env = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
+    except (psutil.Error, AttributeError):  # cannot tell whose it is: keep it
+        return {}
+    if "OMP_NUM_THREADS" in node_env or "OMP_NUM_THREADS" in job_env:
+        return {}
+    return {"OMP_NUM_THREADS": value}
 
 
 def _with_a4ray_on_path(pythonpath: str | None) -> str:
