@@ -113,7 +113,9 @@ def test_infeasible_gang_fails_within_its_timeout_with_a_clear_message(local_clu
     gang.close()
 
 
-def test_a_failing_rank_ends_the_gang_and_a_hanging_rank_is_killed(local_cluster, tmp_path):
+@pytest.mark.parametrize("launcher, node_code", [("a4ray", 3), ("torchrun", 1)])
+def test_a_failing_rank_ends_the_gang_and_a_hanging_rank_is_killed(local_cluster, tmp_path, launcher, node_code):
+    """Either launcher names the rank that failed first; a4ray's passes on its exit code, torchrun's exits 1."""
     script = tmp_path / "worker.py"
     script.write_text(
         "import os, signal, sys, time\n"
@@ -126,14 +128,15 @@ def test_a_failing_rank_ends_the_gang_and_a_hanging_rank_is_killed(local_cluster
         "time.sleep(600)\n"
     )
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", "cluster.stop_grace_s=2",
-               f"command.argv=[{script}]", "command.torchrun=true", workspace=tmp_path)
+               f"cluster.launcher={launcher}", f"command.argv=[{script}]", "command.torchrun=true", workspace=tmp_path)
     error, gang = run_gang(spec)
     assert isinstance(error, GangFailed) and not isinstance(error, GangTimeout)
     text = str(error)
-    assert text.startswith("node 0 (") and "exited with code 1" in text
+    assert text.startswith("node 0 (") and f"exited with code {node_code}" in text
+    assert "rank 1 (local rank 1) failed first, with exit code 3" in text
     assert "rank 1 fails now" in text  # the failing node's last lines are in the message
     nodes = {n.rank: n for n in error.result.nodes}
-    assert nodes[0].status == "failed" and nodes[0].exit_code == 1
+    assert nodes[0].status == "failed" and nodes[0].exit_code == node_code
     assert nodes[1].status == "stopped"
     assert_no_leftovers(error.result.launch_id)
 

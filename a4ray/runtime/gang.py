@@ -73,6 +73,8 @@ class NodeContext(BaseModel):
     ray_address: str = ""  # the cluster's GCS address, for processes that reach the gang (the rsh agent)
     namespace: str = ""
     attempt: int = 0  # 0 = first launch; > 0: a restart, the workload should resume from its checkpoint
+    launcher: str = "a4ray"  # cluster.launcher: what starts the node's ranks of a torchrun workload
+    grace_s: float = 10.0  # cluster.stop_grace_s
 
 
 class Launch(BaseModel):
@@ -211,7 +213,8 @@ class Gang:
             master_addr=peers[0].ip, master_port=master_port or self.master_port or 0, ip=node.ip,
             hostname=node.hostname, python=node.python, log_dir=log_dir or self.log_dir, run_dir=self.run_dir,
             launch_id=launch_id or self.launch_id, peers=peers, ray_address=ctx.gcs_address,
-            namespace=ctx.namespace or "", attempt=self.attempt,
+            namespace=ctx.namespace or "", attempt=self.attempt, launcher=self.cluster.launcher,
+            grace_s=self.cluster.stop_grace_s,
         )
 
     @contextlib.contextmanager

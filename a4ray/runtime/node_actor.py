@@ -43,6 +43,7 @@ from a4ray.spec.cluster import NetworkSpec
 
 # torchrun --tee prefixes each worker line with "[<role><local_rank>]:".
 _TORCHRUN_PREFIX = re.compile(r"^\[default(\d+)\]:")
+_RANK_LAUNCHERS = ("torch.distributed.run", "a4ray.runtime.ranks")  # a node's launcher is not a rank
 # Workloads report typed results as one JSON line each: "A4RAY_RESULT {...}".
 RESULT_MARKER = "A4RAY_RESULT "
 _BUFFER_LINES = 20_000
@@ -421,7 +422,7 @@ class NodeActor:
                 continue
             if "RANK" in env and "LOCAL_RANK" in env:
                 ranked.append((env["RANK"], proc.pid))
-            elif name.startswith("python") and "torch.distributed.run" not in cmdline:
+            elif name.startswith("python") and not any(launcher in cmdline for launcher in _RANK_LAUNCHERS):
                 python.append((f"n{self._request.node_rank}:pid{proc.pid}", proc.pid))
         return sorted(ranked, key=lambda rp: int(rp[0])) if ranked else python
 

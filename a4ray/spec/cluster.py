@@ -37,6 +37,10 @@ class ClusterSpec(Spec):
     cpus_per_node: PositiveFloat = Field(1, description="Ray CPUs the node actor reserves per node")
     start_timeout_s: PositiveFloat = Field(120, description="how long to wait for the gang to be placed")
     stop_grace_s: PositiveFloat = Field(10, description="SIGTERM to SIGKILL grace when stopping a node")
+    launcher: Literal["a4ray", "torchrun"] = Field(
+        "a4ray", description="what starts a node's ranks of a torchrun workload: a4ray's rank launcher "
+        "(torchrun's env contract, no elastic agent: the gang already placed, ranked and supervises the "
+        "nodes) or torchrun itself")
     topology: TopologySpec = TopologySpec()
 
     @property

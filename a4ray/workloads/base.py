@@ -126,7 +126,8 @@ class Workload(ABC, Generic[S]):
                 rank=rank, nnodes=c.nodes, gpus=c.gpus_per_node, master_addr="<node-0 ip>",
                 master_port="<free port on node 0>", ip=f"<node-{rank} ip>", hostname=f"<node-{rank}>",
                 log_dir="<run dir>/logs", run_dir="<run dir>", launch_id="<launch id>", peers=peers,
-                ray_address="<ray address>", namespace="<namespace>",
+                ray_address="<ray address>", namespace="<namespace>", launcher=c.launcher,
+                grace_s=c.stop_grace_s,
             )
             for rank in range(c.nodes)
         ]
