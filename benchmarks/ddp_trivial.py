@@ -44,6 +44,7 @@ def main() -> None:
     dist.init_process_group("gloo")  # torchrun's env: MASTER_ADDR/PORT, RANK, WORLD_SIZE (its agent's store)
     try:
         user_code(int(os.environ.get("DDP_TRIVIAL_STEPS", "3")))
+        dist.barrier()  # no rank tears gloo down while a peer still talks to it (an abort at exit otherwise)
     finally:
         dist.destroy_process_group()
 

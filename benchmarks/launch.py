@@ -9,13 +9,15 @@ user code has run and the launch has returned", for `benchmarks/ddp_trivial.py` 
 every rank checks):
   (a) torchrun  N `python -m torch.distributed.run --nnodes N --node-rank i ...` processes started
                 directly (no Ray), from spawn to all exited 0
-  (b) gang      `a4ray.runner.run(spec)` of a `command` job (torchrun, 1 process per node), attached to
-                this process's Ray session: run directory, placement group, node actors, node facts,
-                launch, every rank's lines streamed through the driver, results, teardown
+  (b) gang      `a4ray.runner.run(spec)` of a `command` job (`torchrun: true`, 1 process per node) with
+                the defaults, attached to this process's Ray session: run directory, placement group,
+                node actors, node facts, launch (each node's ranks started by a4ray's rank launcher with
+                torchrun's env contract), every rank's lines streamed through the driver, results, teardown
   (c) Ray Train `TorchTrainer(...).fit()`, one worker per node (STRICT_SPREAD, 1 CPU each)
-and, as a diagnostic of (b)'s start, Ray's floor: the same placement group and N empty actors with the
-gang's options (what any one-actor-per-node design pays Ray). For each size: one untimed warm-up round
-of all of them, then `--reps` rounds, each running them in a rotating order, `--pause` seconds apart.
+and two diagnostics in the same rotation: (b') the gang with `cluster.launcher: torchrun` (torchrun's
+elastic agent on every node, as before a4ray had its own launcher), and Ray's floor of (b)'s start: the
+same placement group and N empty actors with the gang's options (what any one-actor-per-node design
+pays Ray). For each size: one untimed warm-up round of all of them, then `--reps` rounds, each running them in a rotating order, `--pause` seconds apart.
 Prints a table per size (median, min, max), the gang's time by phase (timed from outside a4ray, by
 wrapping Gang.start's waits, the supervisor and Gang.close), how its start grows with nodes against
 Ray's floor, the CPU the driver and the GCS spend per launch (serial however many nodes there are), the
@@ -49,16 +51,17 @@ PROGRAM = HERE / "ddp_trivial.py"
 GOAL_VS_TORCHRUN = 1.1
 GOAL_VS_RAY_TRAIN = 0.6
 METHODS = ("torchrun", "gang", "ray_train")
-ROTATION = (*METHODS, "floor")  # the floor: a diagnostic of the gang's start, in the same rotation
-LABELS = {"torchrun": "(a) bare torchrun", "gang": "(b) a4ray gang", "ray_train": "(c) Ray Train TorchTrainer"}
+ROTATION = (*METHODS, "gang_torchrun", "floor")  # diagnostics in the same rotation: (b') and (b)'s floor
+LABELS = {"torchrun": "(a) bare torchrun", "gang": "(b) a4ray gang", "ray_train": "(c) Ray Train TorchTrainer",
+          "gang_torchrun": "(b') gang, launcher: torchrun"}
 PHASES = ("prep", "placement", "actors+facts", "launch", "processes", "finish")
 PHASE_NOTES = {
     "prep": "spec, attach to the session, run directory, plan",
     "placement": "placement group requested -> ready",
     "actors+facts": "node actors started, node facts gathered, rank order",
-    "launch": "free port on node 0, each node's env built, torchrun started",
-    "processes": "torchrun + user code on every node, lines streamed to the driver",
-    "node_s": "of which torchrun ran, on the slowest node (as its node actor saw it)",
+    "launch": "free port on node 0, each node's env built, its rank launcher started",
+    "processes": "rank launcher + user code on every node, lines streamed to the driver",
+    "node_s": "of which the rank launcher ran, on the slowest node (as its node actor saw it)",
     "finish": "node results, actors killed, placement group removed, result.json",
 }
 
@@ -187,14 +190,14 @@ def gang_clock(marks: dict[str, float]):
         g.ray, g.Gang.start, g._Supervisor.watch, g.Gang.close, g._Supervisor._emit = saved
 
 
-def command_spec(nodes: int, workspace: Path, argv: list[str], *, torchrun: bool):
+def command_spec(nodes: int, workspace: Path, argv: list[str], *, torchrun: bool, launcher: str = "a4ray"):
     from a4ray.spec import CommandJob
     from a4ray.spec.loader import validate
 
     command = {"argv": argv, "torchrun": torchrun, **({"nproc": 1} if torchrun else {})}
     return validate(CommandJob, {
         "kind": "command", "name": "launch-bench", "timeout_s": 600, "command": command,
-        "cluster": {"nodes": nodes, "gpus_per_node": 1, "cpus_per_node": 1},
+        "cluster": {"nodes": nodes, "gpus_per_node": 1, "cpus_per_node": 1, "launcher": launcher},
         "storage": {"local_workspace": str(workspace)},
     }, "<launch benchmark>")
 
@@ -212,7 +215,7 @@ def idle_rates(gcs, seconds: float = 5.0) -> dict[str, float]:
     return {"driver": (time.process_time() - cpu0) / seconds, "gcs": (_cpu(gcs) - gcs0) / seconds}
 
 
-def gang(nodes: int, workspace: Path, gcs) -> dict:
+def gang(nodes: int, workspace: Path, gcs, launcher: str = "a4ray") -> dict:
     """a4ray's public run path, timed end to end; the phases from `gang_clock`. Also the CPU this
     driver and the GCS spent on it: the two places every node's work meets (on A4 each node's own
     work runs on its own CPUs; here all of it shares this machine's)."""
@@ -222,7 +225,7 @@ def gang(nodes: int, workspace: Path, gcs) -> dict:
     cpu0, gcs0 = time.process_time(), _cpu(gcs)
     with gang_clock(marks):
         t0 = time.monotonic()
-        spec = command_spec(nodes, workspace, [str(PROGRAM)], torchrun=True)
+        spec = command_spec(nodes, workspace, [str(PROGRAM)], torchrun=True, launcher=launcher)
         result = runner.run(spec)
         t_end = time.monotonic()
     driver_cpu, gcs_cpu = time.process_time() - cpu0, _cpu(gcs) - gcs0
@@ -237,7 +240,7 @@ def gang(nodes: int, workspace: Path, gcs) -> dict:
         "processes": marks["watch_out"] - marks["watch_in"],
         "finish": t_end - marks["watch_out"],
     }
-    node_s = max(n.duration_s or 0.0 for n in g.nodes)  # torchrun's own run, as each node actor saw it
+    node_s = max(n.duration_s or 0.0 for n in g.nodes)  # the rank launcher's run, as each node actor saw it
     return {"wall": t_end - t0, "start_s": g.start_s, "run_s": g.run_s, "node_s": node_s, **phases,
             "driver_cpu": driver_cpu, "gcs_cpu": gcs_cpu, "answers": marks.get("answers", 0)}
 
@@ -373,6 +376,27 @@ def wait_cost(pending: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------ tables
+def _machine_cpu() -> float:
+    """CPU seconds the whole machine has spent (every process: Ray's, the ranks', this one's)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return t.user + t.system + getattr(t, "nice", 0.0)
+
+
+def cpu_table(sizes: list[int], runs: dict[int, dict[str, list[dict]]]) -> str:
+    """What each way costs the machine: on this one the CPU work of N nodes shares its cores, so
+    CPU-seconds / cores is a floor under the wall time (on A4 each node's work runs on its own CPUs)."""
+    cores = os.cpu_count() or 1
+    rows = []
+    for m in (*METHODS, "gang_torchrun"):
+        meds = [statistics.median(r["machine_cpu"] for r in runs[n][m]) for n in sizes]
+        slope = _slope(sizes, meds)
+        rows.append([LABELS[m], *(f"{v:.1f}" for v in meds), f"{slope:.2f}" if slope is not None else "-"])
+    return _table(f"machine CPU-seconds per launch, medians ({cores} cores: wall time >= CPU-seconds / {cores})",
+                  ["", *(f"{n} nodes" for n in sizes), "CPU-s/node"], rows)
+
+
 def _stats(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
@@ -385,7 +409,7 @@ def _table(title: str, columns: list[str], rows: list[list[object]]) -> str:
 
 def size_table(nodes: int, runs: dict[str, list[dict]], reps: int) -> str:
     rows = []
-    for m in METHODS:
+    for m in (*METHODS, "gang_torchrun"):
         med, lo, hi = _stats([r["wall"] for r in runs[m]])
         rows.append([LABELS[m], f"{med:.2f}", f"{lo:.2f}", f"{hi:.2f}"])
     return _table(f"{nodes} nodes: launch -> every rank done -> returned, seconds ({reps} reps)",
@@ -397,7 +421,7 @@ def phase_table(sizes: list[int], gang_runs: dict[int, list[dict]]) -> str:
     keys = ("start_s", "run_s", *PHASES[:5], "node_s", *PHASES[5:], "wall")
     for key in keys:
         label = {"start_s": "GangResult.start_s", "run_s": "GangResult.run_s", "wall": "total (b)",
-                 "node_s": "  torchrun itself"}.get(key, key)
+                 "node_s": "  rank launcher itself"}.get(key, key)
         meds = [statistics.median(r[key] for r in gang_runs[n]) for n in sizes]
         slope = _slope(sizes, meds)
         rows.append([label, *(f"{v:.2f}" for v in meds), f"{slope * 1000:+.0f}" if slope is not None else "-",
@@ -442,13 +466,14 @@ def growth_summary(sizes: list[int], runs: dict[int, dict[str, list[dict]]]) -> 
 def ratio_table(sizes: list[int], runs: dict[int, dict[str, list[dict]]]) -> tuple[str, bool]:
     rows, met = [], True
     for n in sizes:
-        med = {m: statistics.median(r["wall"] for r in runs[n][m]) for m in METHODS}
+        med = {m: statistics.median(r["wall"] for r in runs[n][m]) for m in (*METHODS, "gang_torchrun")}
         vs_a, vs_c = med["gang"] / med["torchrun"], med["gang"] / med["ray_train"]
         ok_a, ok_c = vs_a <= GOAL_VS_TORCHRUN, vs_c <= GOAL_VS_RAY_TRAIN
         met &= ok_a and ok_c
-        rows.append([f"{n}", f"{vs_a:.2f}", "PASS" if ok_a else "MISS", f"{vs_c:.2f}", "PASS" if ok_c else "MISS"])
-    return _table(f"ratios of medians (goals: b/a <= {GOAL_VS_TORCHRUN}, b/c <= {GOAL_VS_RAY_TRAIN})",
-                  ["nodes", "b/a", "", "b/c", ""], rows), met
+        rows.append([f"{n}", f"{vs_a:.2f}", "PASS" if ok_a else "MISS", f"{vs_c:.2f}", "PASS" if ok_c else "MISS",
+                     f"{med['gang_torchrun'] / med['torchrun']:.2f}", f"{med['gang_torchrun'] / med['ray_train']:.2f}"])
+    return _table(f"ratios of medians (goals: b/a <= {GOAL_VS_TORCHRUN}, b/c <= {GOAL_VS_RAY_TRAIN}; b' for comparison)",
+                  ["nodes", "b/a", "", "b/c", "", "b'/a", "b'/c"], rows), met
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -456,7 +481,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="2,4,8", help="simulated node counts, ascending (default 2,4,8)")
     p.add_argument("--reps", type=int, default=5, help="timed rounds per size (default 5)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed rounds of all three per size (default 1)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds of all of them per size (default 1)")
     p.add_argument("--pause", type=float, default=1.0, help="seconds between runs, to let teardown settle")
     p.add_argument("--fanin-lines", type=int, default=20000,
                    help="lines per node for the log fan-in measurement at the largest size (0: skip)")
@@ -472,14 +497,14 @@ def main() -> int:
     os.environ.pop("RAY_ADDRESS", None)
     report = Report(work / "run.log", args.verbose)
     report.print(f"launch benchmark: sizes {sizes}, {args.reps} reps after {args.warmup} warm-up round(s) "
-                 f"of all three, {os.cpu_count()} CPU cores; run log: {work / 'run.log'}")
+                 f"of all of them, {os.cpu_count()} CPU cores; run log: {work / 'run.log'}")
 
     import psutil
     import ray
     import ray.cloudpickle
 
     from a4ray.runtime.connect import NAMESPACE
-    from a4ray.runtime.local import LOCAL_ROOT_ENV, SimulatedCluster
+    from a4ray.runtime.local import SimulatedCluster
 
     sys.path.insert(0, str(HERE))
     import ddp_trivial
@@ -489,13 +514,10 @@ def main() -> int:
     cluster = SimulatedCluster(sizes[0], gpus_per_node=1, cpus_per_node=2)
     runs: dict[int, dict[str, list[dict]]] = {}
     idle: dict[int, dict[str, float]] = {}
+    failures: list[str] = []
     fan = None
     try:
         cluster.start()
-        # What a driver of this cluster's jobs knows (Ray sets it for every node's processes): where its
-        # relative local paths resolve. Without it, attaching asks the head with a Ray task, a lookup only
-        # simulated clusters make (an A4 run uses the shared workspace).
-        os.environ[LOCAL_ROOT_ENV] = cluster.root
         ray.init(address=cluster.address, namespace=NAMESPACE)
         gcs = psutil.Process(cluster.cluster.head_node.all_processes["gcs_server"][0].process.pid)
         count = 0
@@ -513,14 +535,26 @@ def main() -> int:
                     tag = f"{n} nodes, {'rep ' + str(rnd - args.warmup + 1) if timed else 'warm-up'}, {m}"
                     report.mark(tag)
                     time.sleep(args.pause)
-                    if m == "torchrun":
-                        r = bare_torchrun(n, work / f"torchrun-{count:03d}")
-                    elif m == "gang":
-                        r = gang(n, work / "workspace", gcs)
-                    elif m == "floor":
-                        r = ray_floor(n, gcs)
-                    else:
-                        r = ray_train(n, work / "ray-train", count)
+                    machine0 = _machine_cpu()
+                    for attempt in (1, 2):  # a run that fails is reported and run once more
+                        try:
+                            if m == "torchrun":
+                                r = bare_torchrun(n, work / f"torchrun-{count:03d}-{attempt}")
+                            elif m == "gang":
+                                r = gang(n, work / "workspace", gcs)
+                            elif m == "gang_torchrun":
+                                r = gang(n, work / "workspace", gcs, launcher="torchrun")
+                            elif m == "floor":
+                                r = ray_floor(n, gcs)
+                            else:
+                                r = ray_train(n, work / "ray-train", count)
+                            break
+                        except Exception as e:  # noqa: BLE001 - counted and shown; a second failure ends the run
+                            failures.append(f"{tag}: {e}".splitlines()[0])
+                            report.print(f"run failed, running it once more: {failures[-1]}")
+                            if attempt == 2:
+                                raise
+                    r["machine_cpu"] = _machine_cpu() - machine0
                     report.mark(f"{tag}: {r['wall']:.2f}s")
                     if timed:
                         runs[n][m].append(r)
@@ -536,7 +570,8 @@ def main() -> int:
         shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
 
     gang_runs = {n: runs[n]["gang"] for n in sizes}
-    (work / "results.json").write_text(json.dumps({"runs": runs, "idle_cpu_per_s": idle, "fanin": fan}, indent=1))
+    (work / "results.json").write_text(json.dumps({"runs": runs, "idle_cpu_per_s": idle, "fanin": fan,
+                                                   "failures": failures}, indent=1))
     report.print()
     report.print(phase_table(sizes, gang_runs))
     report.print("what dominates the gang's start, and how it grows:")
@@ -583,10 +618,12 @@ def main() -> int:
                                for m in METHODS)])
     report.print(_table(f"launch -> every rank done -> returned: median (min-max) seconds, {args.reps} reps",
                         ["nodes", *(LABELS[m] for m in METHODS)], rows))
+    report.print(cpu_table(sizes, runs))
     report.print()
     text, met = ratio_table(sizes, runs)
     report.print(text)
     report.print("goals met at every size" if met else "goals missed at some size (see MISS)")
+    report.print(f"failed runs (each run once more): {len(failures)}" + "".join(f"\n  {f}" for f in failures))
     report.print(f"every run's figures: {work / 'results.json'}")
     return 0
 
