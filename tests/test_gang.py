@@ -205,3 +205,29 @@ def test_gib_env_on_nodes_and_node_loss(fresh_cluster, tmp_path):
                         on_line=lose_node_1)
     assert isinstance(error, GangFailed) and "node 1 (" in str(error) and "was lost" in str(error)
     assert_no_leftovers(error.result.launch_id, within_s=60)
+
+
+def test_a_peer_failing_because_a_node_was_lost_names_the_lost_node(fresh_cluster, tmp_path):
+    """When a node dies, its peers' collectives fail within milliseconds, often before Ray reports the
+    node; the message must name the lost node as the cause, not the peer that failed first."""
+    cluster = fresh_cluster(nodes=2, gpus=1)
+    script = tmp_path / "allreduce_forever.py"
+    script.write_text(
+        "import time, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "print('started', flush=True)\n"
+        "while True:\n"
+        "    dist.all_reduce(torch.ones(4)); time.sleep(0.05)\n"
+    )
+
+    def lose_node_1(gang, rank, line):
+        if rank == 1 and "started" in line.text:
+            threading.Thread(target=cluster.remove_node, args=(1,)).start()
+
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", f"command.argv=[{script}]",
+               "command.torchrun=true", workspace=tmp_path)
+    error, _ = run_gang(spec, on_line=lose_node_1)
+    assert isinstance(error, GangFailed), error
+    assert str(error).startswith("node 1 (") and "was lost" in str(error), str(error)
+    assert error.result.failure_kind == "lost"
+    assert_no_leftovers(error.result.launch_id, within_s=60)

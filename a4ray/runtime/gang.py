@@ -43,6 +43,7 @@ _LAST_LINES = 20
 # How long a node's long poll waits for news. Lines and the command's end answer at once; an idle node
 # answers this often, which costs the driver ~1.5 ms of CPU a time: every second, that was most of a core
 # at 512 nodes. The supervisor checks deadlines and hangs every second whatever the polls do.
+_LOST_CHECK_S = 10.0  # after a node fails: how long its peers have to show they are alive
 _POLL_WAIT_S = 5.0
 
 
@@ -503,8 +504,14 @@ class _Supervisor:
                     if poll.running:
                         pending[self.actors[rank].poll.remote(poll.cursor, _POLL_WAIT_S)] = rank
                     elif poll.exit_code not in (0, None):
-                        self._fail(rank, "failed", f"node {self.members[rank]} ({self._where(rank)}) exited "
-                                   f"with code {poll.exit_code}{_signal_name(poll.exit_code)}")
+                        failed = (f"node {self.members[rank]} ({self._where(rank)}) exited with code "
+                                  f"{poll.exit_code}{_signal_name(poll.exit_code)}")
+                        lost = self._lost_among(sorted(set(pending.values())))
+                        if lost is None:
+                            self._fail(rank, "failed", failed)
+                        else:  # the failure was the echo of a lost peer (a collective's peer vanished)
+                            self._fail(lost, "lost", f"node {self.members[lost]} ({self._where(lost)}) was lost: "
+                                       f"its node actor died; {failed} after it")
                         return self._finish(pending)
                 why = self._hang() if pending else None
                 if why:
@@ -520,6 +527,18 @@ class _Supervisor:
         if pending:  # the standby nodes: their exec'd commands (MPI daemons) end with the launch
             self.gang._stop([self.members[rank] for rank in pending.values()])
         return out
+
+    def _lost_among(self, ranks: list[int]) -> int | None:
+        """The first of `ranks` whose node actor is gone. When a node dies, its peers' collectives fail
+        within milliseconds, often before Ray reports the node: the lost node is the root cause."""
+        refs = {self.actors[rank].alive.remote(): rank for rank in ranks}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=_LOST_CHECK_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError):
+                return refs[ref]
+        return None
 
     def _where(self, rank: int) -> str:
         return self.gang.nodes[self.members[rank]].describe(self.gang.cluster.topology)

@@ -178,6 +178,9 @@ class NodeActor:
             python=sys.executable,
         )
 
+    def alive(self) -> bool:
+        return True
+
     def free_port(self, low: int = 20000, high: int = 32000) -> int:
         """A port free on this node, chosen below the ephemeral range so the kernel won't hand it out."""
         import random
