@@ -43,8 +43,8 @@ _LAST_LINES = 20
 # How long a node's long poll waits for news. Lines and the command's end answer at once; an idle node
 # answers this often, which costs the driver ~1.5 ms of CPU a time: every second, that was most of a core
 # at 512 nodes. The supervisor checks deadlines and hangs every second whatever the polls do.
-_LOST_CHECK_S = 10.0  # after a node fails: how long its peers have to show they are alive
 _POLL_WAIT_S = 5.0
+_LOST_CHECK_S = 10.0  # after a node fails: how long its peers have to show they are alive
 
 
 class Peer(BaseModel):
@@ -496,9 +496,8 @@ class _Supervisor:
                     try:
                         poll: Poll = ray.get(ref)
                     except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
-                        self._fail(rank, "lost", f"node {self.members[rank]} ({self._where(rank)}) was lost: "
-                                   f"its node actor died ({type(e).__name__}); the node was removed, ran out "
-                                   f"of memory or was killed")
+                        self._fail(rank, "lost", self._lost(rank, f"its node actor died ({type(e).__name__}); "
+                                   "the node was removed, ran out of memory or was killed"))
                         return self._finish(pending)
                     self._emit(rank, poll)
                     if poll.running:
@@ -510,8 +509,7 @@ class _Supervisor:
                         if lost is None:
                             self._fail(rank, "failed", failed)
                         else:  # the failure was the echo of a lost peer (a collective's peer vanished)
-                            self._fail(lost, "lost", f"node {self.members[lost]} ({self._where(lost)}) was lost: "
-                                       f"its node actor died; {failed} after it")
+                            self._fail(lost, "lost", self._lost(lost, f"its node actor died; {failed} after it"))
                         return self._finish(pending)
                 why = self._hang() if pending else None
                 if why:
@@ -540,6 +538,9 @@ class _Supervisor:
                 return refs[ref]
         return None
 
+    def _lost(self, rank: int, why: str) -> str:
+        return f"node {self.members[rank]} ({self._where(rank)}) was lost: {why}"
+
     def _where(self, rank: int) -> str:
         return self.gang.nodes[self.members[rank]].describe(self.gang.cluster.topology)
 
@@ -550,7 +551,7 @@ class _Supervisor:
         if kind == "lost":
             out.lost.add(rank)
         tail = out.tails.get(rank, [])
-        cause = _torchrun_root_cause(tail) if self.nproc[rank] else None
+        cause = _root_cause(tail) if self.nproc[rank] else None
         if cause and (rank, cause[1]) in self.rank_tails:
             global_rank, local_rank, code = cause
             message += f": rank {global_rank} (local rank {local_rank}) failed first, with exit code {code}"
@@ -580,8 +581,9 @@ _ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _ROOT_CAUSE_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
 
-def _torchrun_root_cause(lines: list[str]) -> tuple[int, int, int] | None:
-    """(global rank, local rank, exit code) from torchrun's "Root Cause (first observed failure)" report."""
+def _root_cause(lines: list[str]) -> tuple[int, int, int] | None:
+    """(global rank, local rank, exit code) from the "Root Cause (first observed failure)" report that torchrun
+    and a4ray.runtime.ranks print."""
     try:
         start = max(i for i, line in enumerate(lines) if "Root Cause" in line)
     except ValueError:

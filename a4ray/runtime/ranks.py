@@ -30,10 +30,14 @@ import time
 ROLE = "default"  # torchrun's role name: its --tee prefix is "[default<local rank>]:"
 
 
+def global_rank(args: argparse.Namespace, local_rank: int) -> int:
+    return args.node_rank * args.nproc + local_rank
+
+
 def rank_env(args: argparse.Namespace, local_rank: int, base: dict[str, str]) -> dict[str, str]:
     """The environment torchrun's agent gives local rank `local_rank` of this node."""
     world = args.nnodes * args.nproc
-    rank = args.node_rank * args.nproc + local_rank
+    rank = global_rank(args, local_rank)
     env = {
         **base,
         "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
@@ -118,7 +122,7 @@ class Node:
         self.stopping = True  # the wait loop sees it within its poll interval; no lock in a handler
 
     def _report(self, local_rank: int, code: int, when: float) -> None:
-        rank = self.args.node_rank * self.args.nproc + local_rank
+        rank = global_rank(self.args, local_rank)
         detail = f"exitcode  : {code}" + (f" (pid terminated by {signal.Signals(-code).name})" if code < 0 else "")
         with self.out_lock:
             print("a4ray.runtime.ranks: a rank failed; the node's other ranks were stopped\n"
