@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 
 from a4ray.console import say, warn
 from a4ray.spec.cluster import TopologySpec
@@ -93,6 +94,7 @@ class SimulatedCluster:
         self.cluster = None
         self.workers: dict[int, object] = {}  # simulated node index -> ray._private.node.Node
         self._gpu_slices: list[str] | None = None
+        self._tmp_root: str | None = None  # each node's own /tmp (see _separate_host_env)
 
     @property
     def address(self) -> str:
@@ -120,6 +122,7 @@ class SimulatedCluster:
             head["ray_client_server_port"] = self.client_port
         if self.dashboard:  # Ray's usual port where it is free: another cluster on this machine may hold it
             head["dashboard_port"] = self.dashboard_port or (DASHBOARD_PORT if _port_free(DASHBOARD_PORT) else _free_port())
+        self._tmp_root = tempfile.mkdtemp(prefix="a4ray-sim-")
         self.cluster = Cluster(initialize_head=True, head_node_args=head,
                                shutdown_at_exit=not self.persistent)
         for index in range(self.nodes):
@@ -151,17 +154,24 @@ class SimulatedCluster:
         return node
 
     def _separate_host_env(self, index: int) -> dict[str, str]:
-        """What makes simulated nodes as separate as machines where it matters, for OpenMPI (mpirun
-        forwards OMPI_MCA_* to every rank, so these are the same on every node). OpenMPI keys its
-        per-host files by hostname: simulated nodes share one hostname, /dev/shm and /tmp, so
+        """What makes simulated nodes as separate as machines where it matters, for OpenMPI. Simulated
+        nodes share one hostname, /dev/shm and /tmp, and OpenMPI keys its per-host files by hostname:
+        - each node gets its own TMPDIR, so its OpenMPI session directory (TMPDIR/ompi.HOST.UID/jf.N) is
+          its own: an orted starting clears stale job directories there, which on a shared /tmp would
+          delete the live ones of the other nodes' daemons of the same job, failing their start now and
+          then (TMPDIR is no MCA parameter, so mpirun does not hand node 0's to the other daemons);
         - ranks of two nodes would map each other's shared-memory segments (named by node-local rank)
           and crash: their ranks talk TCP instead, as ranks on separate machines do, over loopback,
           which every simulated node shares (OpenMPI skips loopback by default, and a CI container
           may have no other interface);
         - every node's daemon would write the same hwloc topology file (hwloc.sm) at once, which now
-          and then crashes one: the daemons do not share their topology through a file."""
-        return {"OMPI_MCA_btl": "^vader", "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo",
-                "OMPI_MCA_rtc_hwloc_vmhole": "none"}
+          and then crashes one: the daemons do not share their topology through a file.
+        mpirun forwards OMPI_MCA_* to every daemon, so those settings are the same on every node."""
+        assert self._tmp_root is not None
+        tmp = os.path.join(self._tmp_root, f"n{index}")  # short: OpenMPI puts unix sockets under it
+        os.makedirs(tmp, exist_ok=True)
+        return {"TMPDIR": tmp, "OMPI_MCA_btl": "^vader", "OMPI_MCA_btl_tcp_if_include": "lo",
+                "OMPI_MCA_oob_tcp_if_include": "lo", "OMPI_MCA_rtc_hwloc_vmhole": "none"}
 
     def remove_node(self, index: int) -> None:
         """Kill simulated node `index` abruptly, as a lost A4 node would be."""
@@ -195,3 +205,6 @@ class SimulatedCluster:
             self.cluster.shutdown()
             self.cluster = None
             self.workers = {}
+        if self._tmp_root is not None:
+            shutil.rmtree(self._tmp_root, ignore_errors=True)
+            self._tmp_root = None
