@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from a4ray.trainer import checkpoint
 from a4ray.trainer.data import IGNORE, Batches, SFTRecords, TokenWindows
-from a4ray.workloads.distributed import init_distributed
+from a4ray.workloads.distributed import exit_distributed, init_distributed
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m a4ray.trainer", description=__doc__)
@@ -215,9 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                   "checkpoint": str(checkpoint.iteration_dir(save, checkpoint.latest(save) or 0)),
                   "precision": "bf16" if bf16 else "fp32"}
         print("A4RAY_RESULT " + json.dumps(record), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    exit_distributed(0)
 
 
 if __name__ == "__main__":

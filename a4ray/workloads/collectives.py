@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from a4ray.spec.nccl import COLLECTIVES, format_size, parse_size
-from a4ray.workloads.distributed import init_distributed
+from a4ray.workloads.distributed import exit_distributed, init_distributed
 
 # torch 2.13 renamed the tensor-in, tensor-out collectives; older images have only the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -233,9 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     devices = _gather_lines(_device_line(dist.get_rank(), device), device)
     bench = Bench(backend, DTYPES[args.dtype], device)
     wrong = sum(run_collective(bench, c, args, devices) for c in collectives)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 1 if wrong else 0
+    exit_distributed(1 if wrong else 0)
 
 
 if __name__ == "__main__":

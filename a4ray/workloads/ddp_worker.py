@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from a4ray.workloads.distributed import init_distributed
+from a4ray.workloads.distributed import exit_distributed, init_distributed
 
 
 def _flat(tensors) -> torch.Tensor:
@@ -93,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         "loss_first": losses[0], "loss_last": losses[-1], "passed": passed,
     }
     print("A4RAY_RESULT " + json.dumps(record), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0 if passed else 1
+    exit_distributed(0 if passed else 1)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -22,3 +24,16 @@ def init_distributed(backend: str = "auto") -> tuple[torch.device, str]:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     return device, backend
+
+
+def exit_distributed(code: int) -> NoReturn:
+    """Leave the process group and end the process with `code`. Every rank waits for the others first (the
+    rank that hosts the store must not go while a peer still talks to it). The process then ends without
+    the interpreter's teardown: there torch's gloo now and then aborts the process ("terminate called
+    without an active exception", SIGABRT, no Python frame left; 1 in 40 two-rank runs of the DDP test on
+    a 2-core machine), which would turn a rank that passed, and said so, into a failed one."""
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -27,10 +27,12 @@ if args.fail_rank >= 0:
 import torch
 import torch.distributed as dist
 
+from a4ray.workloads.distributed import exit_distributed
+
 dist.init_process_group("gloo")
 total = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(total)
 world = dist.get_world_size()
 assert total.item() == world * (world + 1) / 2, total
 print(f"all_reduce ok on rank {dist.get_rank()}/{world}", flush=True)
-dist.destroy_process_group()
+exit_distributed(0)
