@@ -16,12 +16,16 @@ from typing import Literal
 
 import ray
 
-from a4ray.console import say
+from a4ray.console import say, warn
 from a4ray.errors import ConnectError
 from a4ray.runtime.local import LOCAL_ROOT_ENV, SIMULATED_LABEL, SimulatedCluster
 from a4ray.spec.cluster import ClusterSpec
 
 NAMESPACE = "a4ray"  # named actors (staging owners, ...) are found across jobs in this namespace
+# Ray Client's proxy starts one server process per client; now and then (most often on a head that has
+# just started) that process dies at once and the proxy answers with this. The next try gets a new one.
+_CLIENT_SERVER_FAILED = "Starting Ray client server failed"
+_CLIENT_TRIES = 3
 
 
 @dataclass
@@ -70,11 +74,23 @@ class Connection:
 def _init(address: str) -> str | None:
     """Connect this process; returns the dashboard's URL (None without a dashboard)."""
     if address.startswith("ray://"):  # Ray Client takes the namespace; the rest is the server's business
-        context = ray.init(address=address, namespace=NAMESPACE)
+        context = _init_client(address)
     else:
         context = ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING,
                            log_to_driver=True, configure_logging=True)
     return _http(context.dashboard_url)
+
+
+def _init_client(address: str):
+    for attempt in range(1, _CLIENT_TRIES + 1):
+        try:
+            return ray.init(address=address, namespace=NAMESPACE)
+        except ConnectionError as e:
+            if _CLIENT_SERVER_FAILED not in str(e) or attempt == _CLIENT_TRIES:
+                raise
+            ray.shutdown()
+            warn(f"the Ray Client proxy at {address} failed to start a server for this client (a transient Ray "
+                 f"Client failure); trying again ({attempt + 1}/{_CLIENT_TRIES})")
 
 
 def _http(url: str | None) -> str | None:
