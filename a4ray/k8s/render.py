@@ -36,6 +36,7 @@ from a4ray.k8s.validate import (
     check_manifest,
 )
 from a4ray.redact import is_secret_name
+from a4ray.runtime.rayenv import HEAD_ENV, RAY_ENV
 from a4ray.spec.job import JobSpec
 
 # GKE machine types a4ray renders for: the accelerator label of their node pools, and GPUs per node.
@@ -54,14 +55,6 @@ GPU_TOLERATIONS = [
     {"key": "cloud.google.com/impending-node-termination", "operator": "Exists"},
     {"key": "user-workload", "operator": "Exists", "effect": "NoSchedule"},  # Cluster Toolkit A4 pools
 ]
-# Env every Ray container gets: the raylet reaps a dead worker's children (torchrun's ranks), and
-# workers of a big image on a busy node get time to register.
-RAY_ENV = {
-    "RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true",
-    "RAY_worker_register_timeout_seconds": "120",
-}
-
-
 @dataclass(frozen=True)
 class OperatorCaps:
     """What the KubeRay installed on the target cluster supports (default: the bundled v1.7.0 CRDs)."""
@@ -245,7 +238,7 @@ def _head_group(spec: JobSpec, name: str, env: list[dict]) -> dict:
         "ports": [{"name": n, "containerPort": p} for n, p in HEAD_PORTS],
         "resources": {"requests": {"cpu": k.head.cpu, "memory": k.head.memory},
                       "limits": {"cpu": k.head.cpu, "memory": k.head.memory}},
-        "env": env,
+        "env": env + _env(HEAD_ENV),
     }
     if pod_storage.mounts:
         container["volumeMounts"] = pod_storage.mounts

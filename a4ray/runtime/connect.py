@@ -22,9 +22,10 @@ from a4ray.runtime.local import LOCAL_ROOT_ENV, SIMULATED_LABEL, SimulatedCluste
 from a4ray.spec.cluster import ClusterSpec
 
 NAMESPACE = "a4ray"  # named actors (staging owners, ...) are found across jobs in this namespace
-# Ray Client's proxy starts one server process per client; now and then (most often on a head that has
-# just started) that process dies at once and the proxy answers with this. The next try gets a new one.
-_CLIENT_SERVER_FAILED = "Starting Ray client server failed"
+# Ray Client's proxy starts one server process per client; now and then that process dies at once (on a
+# head without a4ray's HEAD_ENV: ray-project/ray#63202), and the proxy answers with one of these. The
+# next try gets a new one.
+_CLIENT_SERVER_FAILED = ("Starting Ray client server failed", "in start_specific_server")
 _CLIENT_TRIES = 3
 
 
@@ -86,7 +87,7 @@ def _init_client(address: str):
         try:
             return ray.init(address=address, namespace=NAMESPACE)
         except ConnectionError as e:
-            if _CLIENT_SERVER_FAILED not in str(e) or attempt == _CLIENT_TRIES:
+            if not any(sign in str(e) for sign in _CLIENT_SERVER_FAILED) or attempt == _CLIENT_TRIES:
                 raise
             ray.shutdown()
             warn(f"the Ray Client proxy at {address} failed to start a server for this client (a transient Ray "

@@ -10,6 +10,7 @@ as its Ray node IP, so rendezvous addresses, MPI hostfiles and OpenMPI itself se
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -17,6 +18,7 @@ import subprocess
 import tempfile
 
 from a4ray.console import say, warn
+from a4ray.runtime.rayenv import HEAD_ENV
 from a4ray.spec.cluster import TopologySpec
 
 SIMULATED_LABEL = "a4ray.io/simulated"
@@ -72,6 +74,18 @@ def _port_free(port: int) -> bool:
         return True
 
 
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """This process's environment with `values` (where not set already) while the block runs."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
 class SimulatedCluster:
     def __init__(self, nodes: int, gpus_per_node: int, *, machine_type: str = "a4-highgpu-8g",
                  topology: TopologySpec | None = None, cpus_per_node: int = 4,
@@ -123,8 +137,9 @@ class SimulatedCluster:
         if self.dashboard:  # Ray's usual port where it is free: another cluster on this machine may hold it
             head["dashboard_port"] = self.dashboard_port or (DASHBOARD_PORT if _port_free(DASHBOARD_PORT) else _free_port())
         self._tmp_root = tempfile.mkdtemp(prefix="a4ray-sim-")
-        self.cluster = Cluster(initialize_head=True, head_node_args=head,
-                               shutdown_at_exit=not self.persistent)
+        with _environ(HEAD_ENV):  # the head's processes (its Ray Client proxy) take it from this process
+            self.cluster = Cluster(initialize_head=True, head_node_args=head,
+                                   shutdown_at_exit=not self.persistent)
         for index in range(self.nodes):
             self.add_node(index)
         return self.address
