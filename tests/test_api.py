@@ -140,32 +140,34 @@ def test_a_ray_client_server_that_fails_to_start_is_tried_again_and_other_errors
         "start_specific_server\n    cmd = psutil_proc.cmdline()\npsutil.ZombieProcess: PID still exists but it's a "
         "zombie (pid=30347)")
     calls = []
-
-    def flaky_init(**kwargs):
-        calls.append(kwargs["address"])
-        if len(calls) <= 2:
-            raise (failure, zombie)[len(calls) - 1]
-        return "context"
-
-    monkeypatch.setattr(connect_module.ray, "init", flaky_init)
     monkeypatch.setattr(connect_module.ray, "shutdown", lambda: None)
+
+    monkeypatch.setattr(connect_module.ray, "init", _ray_init_answering(calls, failure, zombie, "context"))
     assert connect_module._init_client("ray://head:10001") == "context" and len(calls) == 3
     err = capsys.readouterr().err
     assert "trying again (2/3)" in err and "trying again (3/3)" in err
 
     calls.clear()
-    monkeypatch.setattr(connect_module.ray, "init", lambda **kwargs: (calls.append(1), _raise(failure)))
+    monkeypatch.setattr(connect_module.ray, "init", _ray_init_answering(calls, failure))
     with pytest.raises(ConnectionAbortedError):
         connect_module._init_client("ray://head:10001")
     assert len(calls) == 3  # then it gives up, with Ray's own message
 
     calls.clear()
     refused = ConnectionError("ray client connection timeout")
-    monkeypatch.setattr(connect_module.ray, "init", lambda **kwargs: (calls.append(1), _raise(refused)))
+    monkeypatch.setattr(connect_module.ray, "init", _ray_init_answering(calls, refused))
     with pytest.raises(ConnectionError, match="timeout"):
         connect_module._init_client("ray://head:10001")
     assert len(calls) == 1  # a head that is not there is said at once
 
 
-def _raise(error):
-    raise error
+def _ray_init_answering(calls: list, *answers):
+    """A stand-in for ray.init that records each call and gives `answers` in turn (the last one from then on):
+    an exception is raised, anything else returned."""
+    def init(**kwargs):
+        calls.append(kwargs["address"])
+        answer = answers[min(len(calls), len(answers)) - 1]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+    return init
