@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from a4ray.convert.mapping import Architecture, Slot
+from a4ray.convert.mapping import Architecture
 from a4ray.errors import ConvertInputError
 
 INDEX = "model.safetensors.index.json"
@@ -107,17 +107,15 @@ class HFCheckpoint:
     def architecture(self) -> Architecture:
         return Architecture.from_config(self.config, f"input {self.path}")
 
-    def check(self, slots: list[Slot]) -> None:
-        """Every tensor the conversion reads exists, with the shape the config implies."""
+    def check(self, wanted: dict[str, tuple[int, ...]]) -> None:
+        """Every tensor the conversion reads (`mapping.hf_tensors`) exists, with the shape the config implies."""
         problems = []
-        for slot in slots:
-            for name, shape in slot.sources:
-                info = self.tensors.get(name)
-                if info is None:
-                    problems.append(f"{name}: missing")
-                elif info.shape != shape:
-                    problems.append(f"{name} in {info.file}: shape {list(info.shape)}, config.json implies "
-                                    f"{list(shape)}")
+        for name, shape in wanted.items():
+            info = self.tensors.get(name)
+            if info is None:
+                problems.append(f"{name}: missing")
+            elif info.shape != shape:
+                problems.append(f"{name} in {info.file}: shape {list(info.shape)}, config.json implies {list(shape)}")
         if problems:
             shown = "\n".join(f"  - {p}" for p in problems[:_MAX_LISTED])
             more = f"\n  ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""

@@ -1,4 +1,4 @@
-"""How a Hugging Face Qwen3 / Qwen3-MoE checkpoint maps onto Megatron-core parameters, and back.
+"""How a Hugging Face Qwen3 / Qwen3-MoE / Qwen3-Next checkpoint maps onto Megatron-core parameters, and back.
 
 A `Slot` is one mcore tensor of one layer (or of one expert of one layer), built from one or more HF
 tensors. Its names come from one table, `_NAMES`, in both namings mcore uses:
@@ -6,6 +6,20 @@ tensors. Its names come from one table, `_NAMES`, in both namings mcore uses:
 * `sharded_key`: the key in a torch_dist checkpoint. Layers are stacked: a layer's tensor is the chunk at
   offset `(layer[, expert], 0, ...)` of a global `[L(, E), ...]` tensor (mcore's `sharded_state_dict`).
 * `state_key`: the key in `model.state_dict()` (and in the legacy per-rank format), one per layer.
+
+Qwen3-Next is megatron-core's own hybrid GPTModel (`experimental_attention_variant="gated_delta_net"`,
+`linear_attention_freq`): gated DeltaNet layers, with a gated full-attention layer every
+`full_attention_interval`, each followed by MoE with a gated shared expert. Its layers differ, so mcore keys
+each layer's tensors by its index (`decoder.layers.<l>.…`, `non_homogeneous_layers`) instead of stacking
+them, and splits two of them into parts in torch_dist (`in_proj.weight.{query,key,value,z,beta,alpha}`,
+`conv1d.weight.{query,key,value}`: `GatedDeltaNet.sharded_state_dict`), each part a slot of its own.
+mcore builds it with the Transformer Engine spec only, so it has TE names and converts to torch_dist only.
+Its norms are zero-centred (HF and mcore store w for a scale of 1 + w) except the DeltaNet's gated output
+norm, which HF stores as the scale itself: that slot is the HF tensor shifted by -1 (`Slot.shift`). MTP
+weights (`mtp.*`) are not converted: the model is built without MTP layers.
+Names and layouts: mcore 0.16.1's `ssm/gated_delta_net.py`, `transformer/attention.py` (gated QKV) and
+`models/gpt/experimental_attention_variant_module_specs.py` (the same in 0.19), read against transformers'
+`modeling_qwen3_next.py`; Megatron-Bridge's Qwen3-Next bridge maps the same tensors the same way.
 
 Which HF rows make up each mcore tensor, in which order (QKV interleaved per query group, SwiGLU's
 [gate; up]), is `segments`, the one definition of every layout. The writer writes consecutive experts of
@@ -32,7 +46,10 @@ from a4ray.errors import UnsupportedModel
 Naming = Literal["te", "local"]
 
 # HF `architectures[0]` -> the family the native backend converts.
-NATIVE_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
+NATIVE_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
+                        "Qwen3NextForCausalLM": "qwen3_next"}
+# Qwen3-Next's layer kinds (HF `layer_types`).
+FULL_ATTENTION, LINEAR_ATTENTION = "full_attention", "linear_attention"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
            "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -44,9 +61,9 @@ def torch_dtype(name: str) -> torch.dtype:
 
 @dataclass(frozen=True)
 class Architecture:
-    """The shape of a Qwen3 / Qwen3-MoE model, read from its HF config.json."""
+    """The shape of a Qwen3 / Qwen3-MoE / Qwen3-Next model, read from its HF config.json."""
 
-    family: Literal["qwen3", "qwen3_moe"]
+    family: Literal["qwen3", "qwen3_moe", "qwen3_next"]
     layers: int
     hidden: int
     heads: int
@@ -64,10 +81,52 @@ class Architecture:
     moe_ffn: int = 0
     topk: int = 0
     norm_topk_prob: bool = True
+    # Qwen3-Next
+    shared_ffn: int = 0  # the shared expert's width
+    layer_types: tuple[str, ...] = ()  # FULL_ATTENTION or LINEAR_ATTENTION, per layer
+    rotary_fraction: float = 1.0  # partial rotary: the share of head_dim RoPE rotates
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_dim: int = 0
+    conv_kernel: int = 0
 
     @property
     def moe(self) -> bool:
         return self.experts > 0
+
+    @property
+    def hybrid(self) -> bool:
+        """Layers of two kinds (Qwen3-Next): mcore keys each layer by its index instead of stacking them."""
+        return self.family == "qwen3_next"
+
+    @property
+    def gated_attention(self) -> bool:
+        """q_proj also yields a sigmoid output gate per head (Qwen3-Next; mcore's attention_output_gate)."""
+        return self.family == "qwen3_next"
+
+    def full_attention(self, layer: int) -> bool:
+        return not self.hybrid or self.layer_types[layer] == FULL_ATTENTION
+
+    @property
+    def linear_attention_freq(self) -> int | list[int]:
+        """mcore's `linear_attention_freq`: N where every N-th layer is full attention, else the pattern
+        (1: DeltaNet, 0: attention)."""
+        pattern = [0 if t == FULL_ATTENTION else 1 for t in self.layer_types]
+        for n in range(1, self.layers + 1):
+            if pattern == [0 if (i + 1) % n == 0 else 1 for i in range(self.layers)]:
+                return n
+        return pattern
+
+    def target_problems(self, naming: str, fmt: str) -> list[str]:
+        """What of a conversion target (`convert.naming` / `convert.format`) mcore has no model for."""
+        if not self.hybrid:
+            return []
+        return ([f"convert.naming={naming}: megatron-core builds Qwen3-Next with the Transformer Engine spec "
+                 "only (its hybrid block spec asserts transformer_impl=transformer_engine); use naming te"]
+                if naming != "te" else []) + (
+                [f"convert.format={fmt}: Qwen3-Next converts to torch_dist only (the legacy state dict holds "
+                 "the DeltaNet projections fused, torch_dist in parts)"] if fmt != "torch_dist" else [])
 
     @classmethod
     def from_config(cls, config: dict, source: str) -> Architecture:
@@ -75,12 +134,9 @@ class Architecture:
         arch = archs[0] if archs else f"(none; model_type {config.get('model_type')!r})"
         family = NATIVE_ARCHITECTURES.get(arch)
         if family is None:
-            hint = ("Qwen3-Next converts with backend: pai (Pai-Megatron-Patch's converter)"
-                    if "Next" in arch or config.get("model_type") == "qwen3_next"
-                    else "use backend: pai or swift if they support it")
             raise UnsupportedModel(
                 f"{source}: architecture {arch} is not supported by the native backend "
-                f"(it converts {', '.join(NATIVE_ARCHITECTURES)})", hint=hint)
+                f"(it converts {', '.join(NATIVE_ARCHITECTURES)})", hint="use backend: pai or swift if they support it")
         problems = []
         if config.get("attention_bias"):
             problems.append("attention_bias=true (Qwen3 checkpoints have none)")
@@ -89,17 +145,24 @@ class Architecture:
         if heads % groups:
             problems.append(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={groups}")
         experts = 0
-        if family == "qwen3_moe":
+        if family in ("qwen3_moe", "qwen3_next"):
             experts = config.get("num_experts") or config.get("num_local_experts") or 0
             if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
                 problems.append("dense layers between MoE layers (mlp_only_layers / decoder_sparse_step): "
-                                "mcore's stacked torch_dist layout needs every layer to be MoE")
-            if config.get("shared_expert_intermediate_size"):
-                problems.append("shared experts (not part of Qwen3-MoE)")
+                                + ("the native mapping has every layer MoE" if family == "qwen3_next" else
+                                   "mcore's stacked torch_dist layout needs every layer to be MoE"))
+        if family == "qwen3_moe" and config.get("shared_expert_intermediate_size"):
+            problems.append("shared experts (not part of Qwen3-MoE)")
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        next_fields: dict = {}
+        if family == "qwen3_next":
+            next_fields, found = cls._next_fields(config, rope)
+            problems += found
+            if not experts:
+                problems.append("no experts (every Qwen3-Next layer is MoE)")
         if problems:
             raise UnsupportedModel(f"{source}: {arch} with " + "; ".join(problems)
                                    + " is not supported by the native backend")
-        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         return cls(
             family=family, layers=config["num_hidden_layers"], hidden=config["hidden_size"], heads=heads,
             groups=groups, head_dim=config.get("head_dim") or config["hidden_size"] // heads,
@@ -111,8 +174,32 @@ class Architecture:
             dtype=str(config.get("dtype") or config.get("torch_dtype") or "bfloat16"),
             experts=experts, moe_ffn=config.get("moe_intermediate_size", 0) if experts else 0,
             topk=config.get("num_experts_per_tok", 0) if experts else 0,
-            norm_topk_prob=bool(config.get("norm_topk_prob", True)),
+            norm_topk_prob=bool(config.get("norm_topk_prob", True)), **next_fields,
         )
+
+    @staticmethod
+    def _next_fields(config: dict, rope: dict) -> tuple[dict, list[str]]:
+        """Qwen3-Next's fields, and what the native backend cannot convert."""
+        layers = config["num_hidden_layers"]
+        interval = config.get("full_attention_interval") or 4
+        # Older configs give the interval only: layer i is full attention where (i + 1) % interval == 0.
+        types = tuple(config.get("layer_types") or (FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION
+                                                    for i in range(layers)))
+        key_heads, value_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
+        problems = []
+        if len(types) != layers or set(types) - {FULL_ATTENTION, LINEAR_ATTENTION}:
+            problems.append(f"layer_types {list(types)} (expected {layers} of {FULL_ATTENTION} / {LINEAR_ATTENTION})")
+        if value_heads % key_heads:
+            problems.append(f"linear_num_value_heads={value_heads} is not a multiple of "
+                            f"linear_num_key_heads={key_heads}")
+        if not config.get("shared_expert_intermediate_size"):
+            problems.append("no shared expert (mcore's Qwen3-Next has one, gated)")
+        return dict(
+            shared_ffn=config.get("shared_expert_intermediate_size") or 0, layer_types=types,
+            rotary_fraction=float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))),
+            linear_key_heads=key_heads, linear_value_heads=value_heads, linear_key_dim=config["linear_key_head_dim"],
+            linear_value_dim=config["linear_value_head_dim"], conv_kernel=config.get("linear_conv_kernel_dim", 4),
+        ), problems
 
 
 # ----------------------------------------------------------------------------------------- names
@@ -149,9 +236,43 @@ _NAMES: dict[str, dict[str, tuple[str, str]]] = {
 }
 
 
+def _te(module_param: str) -> dict[str, tuple[str, str]]:
+    """A Qwen3-Next layer tensor: TE naming only (the only spec mcore builds that model with)."""
+    return {"te": (_L + module_param, _L + "{l}." + module_param)}
+
+
+# mcore's torch_dist parts of GatedDeltaNet's fused in_proj and conv1d weights, in their row order.
+IN_PROJ_PARTS = ("query", "key", "value", "z", "beta", "alpha")
+CONV_PARTS = ("query", "key", "value")
+_NAMES.update({
+    # Gated DeltaNet layers. The state dict holds in_proj / conv1d whole, rows in part order.
+    "gdn_norm": _te("self_attention.in_proj.layer_norm_weight"),  # the input norm, fused into in_proj
+    **{f"in_proj.{part}": {"te": (_L + f"self_attention.in_proj.weight.{part}",
+                                  _L + "{l}.self_attention.in_proj.weight")} for part in IN_PROJ_PARTS},
+    **{f"conv1d.{part}": {"te": (_L + f"self_attention.conv1d.weight.{part}",
+                                 _L + "{l}.self_attention.conv1d.weight")} for part in CONV_PARTS},
+    "a_log": _te("self_attention.A_log"),
+    "dt_bias": _te("self_attention.dt_bias"),
+    "out_norm": _te("self_attention.out_norm.weight"),
+    "out_proj": _te("self_attention.out_proj.weight"),
+    # The shared expert of Qwen3-Next's MoE layers, and its sigmoid gate.
+    "shared_fc1": _te("mlp.shared_experts.linear_fc1.weight"),
+    "shared_fc2": _te("mlp.shared_experts.linear_fc2.weight"),
+    "shared_gate": _te("mlp.shared_experts.gate_weight"),
+})
+
+# Slots whose mcore tensor is not the HF rows themselves but the rows plus a constant: Qwen3-Next's gated
+# output norm scales by w in HF (initialised to 1) and by 1 + w in mcore (layernorm_zero_centered_gamma).
+# Computed in fp32 and rounded once to the target dtype (exact wherever w - 1 is representable).
+_SHIFTS = {"out_norm": -1.0}
+
+
 def _names(role: str, naming: Naming) -> tuple[str, str]:
     table = _NAMES[role]
-    return table.get(naming, table["local"])
+    names = table.get(naming) or table.get("local")
+    if names is None:
+        raise UnsupportedModel(f"mcore has no {naming}-spec name for {role} (a {', '.join(table)}-spec tensor)")
+    return names
 
 
 @dataclass(frozen=True)
@@ -163,10 +284,18 @@ class Slot:
     sources: tuple[tuple[str, tuple[int, ...]], ...]  # (HF name, HF shape), in the order the op takes them
     layer: int | None = None
     expert: int | None = None
+    layer_keys: bool = False  # keyed by layer index (hybrid models), not a slice of a stacked tensor
 
     @property
     def op(self) -> str:
-        return {"qkv": "qkv", "fc1": "gate_up", "expert_fc1": "gate_up"}.get(self.role, "copy")
+        if self.role.startswith(("in_proj.", "conv1d.")):
+            return "deltanet"
+        return {"qkv": "qkv", "fc1": "gate_up", "expert_fc1": "gate_up", "shared_fc1": "gate_up"}.get(self.role, "copy")
+
+    @property
+    def shift(self) -> float:
+        """The constant the mcore tensor adds to its HF rows (0: none; see `_SHIFTS`)."""
+        return _SHIFTS.get(self.role, 0.0)
 
     @property
     def group(self) -> str:
@@ -174,18 +303,22 @@ class Slot:
         return f"layer {self.layer}" if self.layer is not None else ("embedding" if self.role == "embed" else "head")
 
     def sharded_key(self, naming: Naming) -> str:
-        return _names(self.role, naming)[0]
+        key = _names(self.role, naming)[0]
+        # mcore's non_homogeneous_layers: the layer's own prefix in place of the stacked one.
+        return key.replace(_L, f"{_L}{self.layer}.", 1) if self.layer_keys else key
 
     def state_key(self, naming: Naming) -> str:
         return _names(self.role, naming)[1].format(l=self.layer, e=self.expert)
 
     def stack(self, arch: Architecture) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(offsets, sizes) of the stacking dims this slot sits at: (layer[, expert]) in (L[, E])."""
+        """(offsets, sizes) of the stacking dims this slot sits at: (layer[, expert]) in (L[, E]); only
+        (expert) in (E) where layers have keys of their own."""
         if self.layer is None:
             return (), ()
+        offsets, sizes = ((), ()) if self.layer_keys else ((self.layer,), (arch.layers,))
         if self.expert is None:
-            return (self.layer,), (arch.layers,)
-        return (self.layer, self.expert), (arch.layers, arch.experts)
+            return offsets, sizes
+        return offsets + (self.expert,), sizes + (arch.experts,)
 
     def global_shape(self, arch: Architecture) -> tuple[int, ...]:
         return self.stack(arch)[1] + self.shape
@@ -218,45 +351,89 @@ class ExtraState:
 
 def slots(arch: Architecture) -> list[Slot]:
     """Every mcore tensor of the model, in checkpoint order (embedding, layer 0 ... L-1, head)."""
-    H, d = arch.hidden, arch.head_dim
+    H = arch.hidden
     out = [Slot("embed", (arch.vocab, H), (("model.embed_tokens.weight", (arch.vocab, H)),))]
     for layer in range(arch.layers):
         p = f"model.layers.{layer}."
-        out += [
-            Slot("input_norm", (H,), ((p + "input_layernorm.weight", (H,)),), layer),
-            Slot("qkv", ((arch.heads + 2 * arch.groups) * d, H),
-                 ((p + "self_attn.q_proj.weight", (arch.heads * d, H)),
-                  (p + "self_attn.k_proj.weight", (arch.groups * d, H)),
-                  (p + "self_attn.v_proj.weight", (arch.groups * d, H))), layer),
-            Slot("q_norm", (d,), ((p + "self_attn.q_norm.weight", (d,)),), layer),
-            Slot("k_norm", (d,), ((p + "self_attn.k_norm.weight", (d,)),), layer),
-            Slot("proj", (H, arch.heads * d), ((p + "self_attn.o_proj.weight", (H, arch.heads * d)),), layer),
-        ]
-        if not arch.moe:
-            F = arch.ffn
-            out += [
-                Slot("mlp_norm", (H,), ((p + "post_attention_layernorm.weight", (H,)),), layer),
-                Slot("fc1", (2 * F, H), ((p + "mlp.gate_proj.weight", (F, H)), (p + "mlp.up_proj.weight", (F, H))),
-                     layer),
-                Slot("fc2", (H, F), ((p + "mlp.down_proj.weight", (H, F)),), layer),
-            ]
-            continue
-        F = arch.moe_ffn
-        out += [
-            Slot("moe_norm", (H,), ((p + "post_attention_layernorm.weight", (H,)),), layer),
-            Slot("router", (arch.experts, H), ((p + "mlp.gate.weight", (arch.experts, H)),), layer),
-        ]
-        # All experts' fc1, then all fc2: consecutive experts of one tensor are written as one chunk.
-        x = f"{p}mlp.experts."
-        out += [Slot("expert_fc1", (2 * F, H),
-                     ((f"{x}{e}.gate_proj.weight", (F, H)), (f"{x}{e}.up_proj.weight", (F, H))), layer, e)
-                for e in range(arch.experts)]
-        out += [Slot("expert_fc2", (H, F), ((f"{x}{e}.down_proj.weight", (H, F)),), layer, e)
-                for e in range(arch.experts)]
+
+        def make(role: str, shape: tuple[int, ...], *sources: tuple[str, tuple[int, ...]],
+                 expert: int | None = None, layer: int = layer) -> Slot:
+            return Slot(role, shape, sources, layer, expert, arch.hybrid)
+
+        out += _attention(arch, p, make) if arch.full_attention(layer) else _deltanet(arch, p, make)
+        out += _mlp(arch, p, make)
     out.append(Slot("final_norm", (H,), (("model.norm.weight", (H,)),)))
     if not arch.tied:  # tied: mcore reuses the embedding and has no output_layer.weight
         out.append(Slot("output", (arch.vocab, H), (("lm_head.weight", (arch.vocab, H)),)))
     return out
+
+
+def _attention(arch: Architecture, p: str, make) -> list[Slot]:
+    H, d = arch.hidden, arch.head_dim
+    q_rows = arch.heads * d * (2 if arch.gated_attention else 1)  # gated: each head's query, then its gate
+    return [
+        make("input_norm", (H,), (p + "input_layernorm.weight", (H,))),
+        make("qkv", (q_rows + 2 * arch.groups * d, H), (p + "self_attn.q_proj.weight", (q_rows, H)),
+             (p + "self_attn.k_proj.weight", (arch.groups * d, H)),
+             (p + "self_attn.v_proj.weight", (arch.groups * d, H))),
+        make("q_norm", (d,), (p + "self_attn.q_norm.weight", (d,))),
+        make("k_norm", (d,), (p + "self_attn.k_norm.weight", (d,))),
+        make("proj", (H, arch.heads * d), (p + "self_attn.o_proj.weight", (H, arch.heads * d))),
+    ]
+
+
+def _deltanet(arch: Architecture, p: str, make) -> list[Slot]:
+    """A gated DeltaNet layer: each part of mcore's in_proj / conv1d is a slot of its own (see `segments`)."""
+    H, a = arch.hidden, p + "linear_attn."
+    qk, v, heads = arch.linear_key_heads * arch.linear_key_dim, arch.linear_value_heads * arch.linear_value_dim, \
+        arch.linear_value_heads
+    qkvz = (a + "in_proj_qkvz.weight", (2 * qk + 2 * v, H))
+    ba = (a + "in_proj_ba.weight", (2 * heads, H))
+    conv = (a + "conv1d.weight", (2 * qk + v, 1, arch.conv_kernel))
+    in_proj_rows = dict(zip(IN_PROJ_PARTS, (qk, qk, v, v, heads, heads)))
+    return [
+        make("gdn_norm", (H,), (p + "input_layernorm.weight", (H,))),
+        *(make(f"in_proj.{part}", (rows, H), ba if part in ("beta", "alpha") else qkvz)
+          for part, rows in in_proj_rows.items()),
+        *(make(f"conv1d.{part}", (rows, 1, arch.conv_kernel), conv) for part, rows in zip(CONV_PARTS, (qk, qk, v))),
+        make("a_log", (heads,), (a + "A_log", (heads,))),
+        make("dt_bias", (heads,), (a + "dt_bias", (heads,))),
+        make("out_norm", (arch.linear_value_dim,), (a + "norm.weight", (arch.linear_value_dim,))),
+        make("out_proj", (H, v), (a + "out_proj.weight", (H, v))),
+    ]
+
+
+def _mlp(arch: Architecture, p: str, make) -> list[Slot]:
+    H = arch.hidden
+    if not arch.moe:
+        F = arch.ffn
+        return [
+            make("mlp_norm", (H,), (p + "post_attention_layernorm.weight", (H,))),
+            make("fc1", (2 * F, H), (p + "mlp.gate_proj.weight", (F, H)), (p + "mlp.up_proj.weight", (F, H))),
+            make("fc2", (H, F), (p + "mlp.down_proj.weight", (H, F))),
+        ]
+    F, x = arch.moe_ffn, f"{p}mlp.experts."
+    out = [
+        make("moe_norm", (H,), (p + "post_attention_layernorm.weight", (H,))),
+        make("router", (arch.experts, H), (p + "mlp.gate.weight", (arch.experts, H))),
+        # All experts' fc1, then all fc2: consecutive experts of one tensor are written as one chunk.
+        *(make("expert_fc1", (2 * F, H), (f"{x}{e}.gate_proj.weight", (F, H)), (f"{x}{e}.up_proj.weight", (F, H)),
+               expert=e) for e in range(arch.experts)),
+        *(make("expert_fc2", (H, F), (f"{x}{e}.down_proj.weight", (H, F)), expert=e) for e in range(arch.experts)),
+    ]
+    if arch.shared_ffn:
+        S, s = arch.shared_ffn, p + "mlp.shared_expert."
+        out += [
+            make("shared_fc1", (2 * S, H), (s + "gate_proj.weight", (S, H)), (s + "up_proj.weight", (S, H))),
+            make("shared_fc2", (H, S), (s + "down_proj.weight", (H, S))),
+            make("shared_gate", (1, H), (p + "mlp.shared_expert_gate.weight", (1, H))),
+        ]
+    return out
+
+
+def hf_tensors(arch: Architecture) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor the conversion reads, with its shape (a tensor may feed several slots)."""
+    return {name: shape for slot in slots(arch) for name, shape in slot.sources}
 
 
 @dataclass(frozen=True)
@@ -270,9 +447,11 @@ class Unit:
         return self.slots[0].sharded_key(naming)
 
     def chunk(self, arch: Architecture) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        offsets, sizes = self.slots[0].chunk(arch)
-        if self.slots[0].expert is not None:
-            sizes = (sizes[0], len(self.slots), *sizes[2:])
+        first = self.slots[0]
+        offsets, sizes = first.chunk(arch)
+        if first.expert is not None:  # the expert axis is the last stacking dim
+            axis = len(first.stack(arch)[0]) - 1
+            sizes = (*sizes[:axis], len(self.slots), *sizes[axis + 1:])
         return offsets, sizes
 
     @property
@@ -298,27 +477,42 @@ def extra_states(arch: Architecture, naming: Naming) -> list[ExtraState]:
     """The `_extra_state` objects a model of this naming asks for when it loads a torch_dist checkpoint.
 
     TE naming also carries the states of TE's norms and of TEDotProductAttention (which mcore <= 0.15
-    checkpoints, as Pai's pinned Megatron-LM expects); a newer mcore simply does not ask for the latter.
+    checkpoints, as Pai's pinned Megatron-LM expects); a newer mcore simply does not ask for the latter,
+    so Qwen3-Next (mcore >= 0.16) has none.
     """
     L, E = arch.layers, arch.experts
+    out = []
+    for layer in range(L):
+        group = f"layer {layer}"
+        if arch.hybrid:  # keyed by layer: one object per module, or one per expert
+            prefix, offsets, shape = f"{_L}{layer}.", (), ()
+        else:
+            prefix, offsets, shape = _L, (layer,), (L,)
+        per_layer, per_expert = _extra_modules(arch, naming, layer)
+        out += [ExtraState(prefix + m, offsets or (0,), shape or (1,), group) for m in per_layer]
+        out += [ExtraState(prefix + m, (*offsets, e), (*shape, E), group) for e in range(E) for m in per_expert]
+    if naming == "te":
+        out.append(ExtraState("decoder.final_layernorm", (0,), (1,), "head"))
+    return out
+
+
+def _extra_modules(arch: Architecture, naming: Naming, layer: int) -> tuple[list[str], list[str]]:
+    """The modules of a layer that have an `_extra_state`: (once per layer, once per expert)."""
+    per_expert = ["mlp.experts.experts.linear_fc1", "mlp.experts.experts.linear_fc2"] if arch.moe else []
+    if arch.hybrid:  # TE only; TENorms included
+        mixer = (["self_attention.linear_qkv", "self_attention.linear_proj", "self_attention.q_layernorm",
+                  "self_attention.k_layernorm"] if arch.full_attention(layer) else
+                 ["self_attention.in_proj", "self_attention.out_norm", "self_attention.out_proj"])
+        return mixer + ["pre_mlp_layernorm", "mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2"], \
+            per_expert
     per_layer = ["self_attention.linear_qkv", "self_attention.linear_proj"]
-    per_expert: list[str] = []
-    if arch.moe:
-        per_expert = ["mlp.experts.experts.linear_fc1", "mlp.experts.experts.linear_fc2"]
-    else:
+    if not arch.moe:
         per_layer += ["mlp.linear_fc1", "mlp.linear_fc2"]
     if naming == "te":
         per_layer += ["self_attention.q_layernorm", "self_attention.k_layernorm", "self_attention.core_attention"]
         if arch.moe:
             per_layer.append("pre_mlp_layernorm")
-    out = []
-    for layer in range(L):
-        group = f"layer {layer}"
-        out += [ExtraState(_L + m, (layer,), (L,), group) for m in per_layer]
-        out += [ExtraState(_L + m, (layer, e), (L, E), group) for e in range(E) for m in per_expert]
-    if naming == "te":
-        out.append(ExtraState("decoder.final_layernorm", (0,), (1,), "head"))
-    return out
+    return per_layer, per_expert
 
 
 def legacy_extra_keys(arch: Architecture, naming: Naming) -> list[str]:
@@ -368,21 +562,63 @@ def segments(slot: Slot, arch: Architecture) -> list[tuple[int, int, int]]:
     if slot.op == "qkv":
         # mcore stores QKV per query group: [q heads of group g, k head g, v head g] for g = 0 .. ng-1,
         # so that a TP split of the rows gives every rank whole groups.
-        q_rows, d = arch.heads // arch.groups * arch.head_dim, arch.head_dim
-        return [run for g in range(arch.groups) for run in ((0, g * q_rows, q_rows), (1, g * d, d), (2, g * d, d))]
+        d, per_group = arch.head_dim, arch.heads // arch.groups
+        if not arch.gated_attention:
+            return [run for g in range(arch.groups)
+                    for run in ((0, g * per_group * d, per_group * d), (1, g * d, d), (2, g * d, d))]
+        # Gated (mcore's attention_output_gate): HF's q_proj holds [query; gate] per head (2d rows each),
+        # mcore's group g is [queries of its heads; gates of its heads; k head g; v head g].
+        heads = [range(g * per_group, (g + 1) * per_group) for g in range(arch.groups)]
+        return [run for g in range(arch.groups) for run in (*((0, 2 * h * d, d) for h in heads[g]),
+                                                            *((0, 2 * h * d + d, d) for h in heads[g]),
+                                                            (1, g * d, d), (2, g * d, d))]
+    if slot.op == "deltanet":
+        return _deltanet_segments(slot, arch)
     # SwiGLU's fc1 is [gate; up]: mcore applies silu to the first half. A copy is one run.
     return [(i, 0, shape[0]) for i, (_, shape) in enumerate(slot.sources)]
 
 
-def to_mcore(slot: Slot, tensors: list[torch.Tensor], arch: Architecture) -> torch.Tensor:
-    """Build the slot's mcore tensor from its HF tensors (in `slot.sources` order)."""
+def _deltanet_segments(slot: Slot, arch: Architecture) -> list[tuple[int, int, int]]:
+    """The rows of one part of mcore's in_proj ([q; k; v; z; beta; alpha], each in head order) or conv1d
+    ([q; k; v] channels). HF groups in_proj by key head k (r value heads each): in_proj_qkvz is
+    [q_k; k_k; v of its r heads; z of them] and in_proj_ba [beta of its r heads; alpha of them]; HF's
+    conv1d channels are already [q; k; v]."""
+    module, part = slot.role.split(".")
+    keys, dk, dv = arch.linear_key_heads, arch.linear_key_dim, arch.linear_value_dim
+    r = arch.linear_value_heads // keys
+    if module == "conv1d":
+        qk = keys * dk
+        first, rows = {"query": (0, qk), "key": (qk, qk), "value": (2 * qk, keys * r * dv)}[part]
+        return [(0, first, rows)]
+    if part in ("beta", "alpha"):
+        return [(0, k * 2 * r + (r if part == "alpha" else 0), r) for k in range(keys)]
+    block = 2 * dk + 2 * r * dv
+    first, rows = {"query": (0, dk), "key": (dk, dk), "value": (2 * dk, r * dv), "z": (2 * dk + r * dv, r * dv)}[part]
+    return [(0, k * block + first, rows) for k in range(keys)]
+
+
+def to_mcore(slot: Slot, tensors: list[torch.Tensor], arch: Architecture,
+             dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Build the slot's mcore tensor from its HF tensors (in `slot.sources` order), in `dtype` (default: theirs)
+    as the writer builds it."""
     runs = [tensors[i][first:first + rows] for i, first, rows in segments(slot, arch)]
-    return runs[0] if len(runs) == 1 else torch.cat(runs)
+    out = runs[0] if len(runs) == 1 else torch.cat(runs)
+    dtype = dtype or out.dtype
+    return (out.float() + slot.shift).to(dtype) if slot.shift else out.to(dtype)
 
 
-def to_hf(slot: Slot, tensor: torch.Tensor, arch: Architecture) -> list[torch.Tensor]:
-    """The inverse of `to_mcore`: the slot's HF tensors from its mcore tensor."""
-    out = [torch.empty(shape, dtype=tensor.dtype) for _, shape in slot.sources]
+def to_hf(slot: Slot, tensor: torch.Tensor, arch: Architecture,
+          into: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """The inverse of `to_mcore`: the slot's HF tensors from its mcore tensor. `into` (HF name -> tensor)
+    collects the HF tensors that several slots fill part of (Qwen3-Next's in_proj and conv1d); missing ones
+    are created there."""
+    into = {} if into is None else into
+    if slot.shift:
+        tensor = (tensor.float() - slot.shift).to(tensor.dtype)
+    for name, shape in slot.sources:
+        if name not in into:
+            into[name] = torch.empty(shape, dtype=tensor.dtype)
+    out = [into[name] for name, _ in slot.sources]
     tensor = tensor.reshape(-1, *out[0].shape[1:])  # rows of the sources (all of a slot's share a row shape)
     row = 0
     for i, first, rows in segments(slot, arch):

@@ -77,8 +77,12 @@ class NativePlan:
 
     def describe(self) -> list[str]:
         a = self.arch
-        model = (f"{a.family}: {a.layers} layers, hidden {a.hidden}, {a.heads} heads / {a.groups} KV groups"
-                 + (f", {a.experts} experts (top-{a.topk})" if a.moe else "") + f", vocab {a.vocab}"
+        full = sum(a.full_attention(layer) for layer in range(a.layers))
+        model = (f"{a.family}: {a.layers} layers"
+                 + (f" ({a.layers - full} gated DeltaNet, {full} gated attention)" if a.hybrid else "")
+                 + f", hidden {a.hidden}, {a.heads} heads / {a.groups} KV groups"
+                 + (f", {a.experts} experts (top-{a.topk})" if a.moe else "")
+                 + (", a gated shared expert" if a.shared_ffn else "") + f", vocab {a.vocab}"
                  + (", tied embeddings" if a.tied else ""))
         lines = [model, f"writes {self.format} ({self.naming} naming, {str(self.dtype).removeprefix('torch.')}), "
                  f"{size(self.nbytes)} in {len(self.parts)} part(s) on {self.nodes} node(s) x "
@@ -186,9 +190,9 @@ class _Throttle:
 class SlotBuilder:
     """Assembles mcore tensors from their HF rows (`mapping.segments`). Where the dtype stays, a tensor is
     a `Splice`: where its rows lie in the shards, for the writer to copy file to file in the kernel, so
-    the bytes never pass through this process. To change the dtype, the rows are read (pread, no memory
-    map to fault in) into a reused staging buffer and converted into a reused output buffer: a task holds
-    one tensor at a time either way."""
+    the bytes never pass through this process. To change the dtype (or shift the values, `Slot.shift`), the
+    rows are read (pread, no memory map to fault in) into a reused staging buffer and converted into a
+    reused output buffer: a task holds one tensor at a time either way."""
 
     def __init__(self, reader, arch: Architecture, dtype: torch.dtype):
         self.reader, self.arch, self.dtype = reader, arch, dtype
@@ -196,9 +200,11 @@ class SlotBuilder:
         self._stage = bytearray()
 
     def splice(self, slots: tuple[Slot, ...], shape: tuple[int, ...]) -> writer.Splice | None:
-        """The slots' tensors one after another, as runs of the shards; None if a dtype changes."""
+        """The slots' tensors one after another, as runs of the shards; None if a dtype or a value changes."""
         runs = []
         for slot in slots:
+            if slot.shift:
+                return None
             for i, first, rows in segments(slot, self.arch):
                 name = slot.sources[i][0]
                 if self.reader.info(name).dtype != self.dtype:
@@ -222,7 +228,7 @@ class SlotBuilder:
                 name = slot.sources[i][0]
                 info = self.reader.info(name)
                 n = rows * info.row_bytes
-                if info.dtype == self.dtype:
+                if info.dtype == self.dtype and not slot.shift:
                     self.reader.read_rows(name, first, memoryview(out[at:at + n].numpy()))
                     at += n
                     continue
@@ -231,7 +237,9 @@ class SlotBuilder:
                 stage = torch.frombuffer(self._stage, dtype=torch.uint8, count=n)
                 self.reader.read_rows(name, first, memoryview(stage.numpy()))
                 m = n // info.dtype.itemsize * self.dtype.itemsize
-                out[at:at + m].view(self.dtype).copy_(stage.view(info.dtype))
+                source = stage.view(info.dtype)
+                # As `mapping.to_mcore`: a shift in fp32, then one rounding to the target dtype.
+                out[at:at + m].view(self.dtype).copy_(source.float() + slot.shift if slot.shift else source)
                 at += m
         return out.view(self.dtype)
 

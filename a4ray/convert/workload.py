@@ -18,7 +18,14 @@ import ray
 from a4ray.console import say, table
 from a4ray.convert import backends
 from a4ray.convert.cache import CONVERTER_VERSION, ConvertRecord, OutputDir, PartRecord, VerifyReport, cache_key
-from a4ray.errors import ConvertFailed, ConvertInputError, InsufficientResources, SpecError, VerifyFailed
+from a4ray.errors import (
+    ConvertFailed,
+    ConvertInputError,
+    InsufficientResources,
+    SpecError,
+    UnsupportedModel,
+    VerifyFailed,
+)
 from a4ray.runtime.gang import GangResult, Launch, NodeContext
 from a4ray.spec.convert import ConvertJob
 from a4ray.workloads.base import Plan, Workload, WorkloadResult, workload
@@ -197,7 +204,7 @@ class ConvertWorkload(Workload[ConvertJob]):
     def _prepare(self, workspace: Path) -> _Job:
         """Resolve the paths, check the input as far as the backend needs, and compute the cache key."""
         from a4ray.convert.hf import HFCheckpoint, fingerprint
-        from a4ray.convert.mapping import slots
+        from a4ray.convert.mapping import hf_tensors
 
         c = self.spec.convert
         source = Path(_resolve(c.input, workspace))
@@ -208,12 +215,16 @@ class ConvertWorkload(Workload[ConvertJob]):
         arch = None
         if c.backend == "native":
             arch = hf.architecture()
-            hf.check(slots(arch))
+            if problems := arch.target_problems(c.naming, c.format):
+                raise UnsupportedModel(f"input {source} ({arch.family}): " + "; ".join(problems),
+                                       hint="convert it with convert.naming=te and convert.format=torch_dist")
+            hf.check(hf_tensors(arch))
         elif c.backend == "pai":
             backends.pai_model(hf.config, c.pai, f"input {source}")  # refuse sizes Pai's scripts lack, now
         verify_arch = arch or _verifiable(hf)
         if c.verify_enabled and verify_arch is None:
-            raise ConvertInputError(f"convert.verify: the verifier models Qwen3 and Qwen3-MoE; input {source} is "
+            raise ConvertInputError(f"convert.verify: the verifier models Qwen3, Qwen3-MoE and (as the native "
+                                    f"backend writes it) Qwen3-Next; input {source} converted by {c.backend} is "
                                     f"{(hf.config.get('architectures') or ['?'])[0]}",
                                     hint="set convert.verify.enabled=false for this model")
         dtype = _dtype(c.precision, hf)
@@ -373,12 +384,13 @@ def _dtype(precision: str, hf):
 
 
 def _verifiable(hf):
-    from a4ray.errors import UnsupportedModel
-
+    """The model the verifier checks another backend's output against, or None. Not Qwen3-Next: Pai's converter
+    writes its own hybrid (Mamba-style) layout, not megatron-core's GPTModel the mapping describes."""
     try:
-        return hf.architecture()
+        arch = hf.architecture()
     except UnsupportedModel:
         return None
+    return None if arch.hybrid else arch
 
 
 def _versions(backend: str, repo: str) -> dict:
