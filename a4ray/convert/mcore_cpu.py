@@ -11,6 +11,10 @@ each shim below answers one of them (../shared/research/workloads.md section 3.2
 * the alltoall token dispatcher creates a CUDA stream: the model uses the allgather dispatcher.
 * the default causal mask is built on "cuda": callers pass `causal_mask(seq_len)`.
 
+Qwen3-Next is megatron-core's hybrid GPTModel, whose block spec exists for Transformer Engine only and whose
+GatedDeltaNet refuses to build without FLA (flash-linear-attention, Triton GPU kernels): `gpt_model` builds
+it as megatron-core does, and where that fails `why_not_here` says why in one line.
+
 `init()` patches process-wide, so it runs in a process of its own (a Ray task with `max_calls=1`).
 Conversion itself never imports megatron-core.
 """
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from a4ray.convert.mapping import Architecture
+from a4ray.convert.mapping import Architecture, Naming
 
 
 def init(store_dir: str | None = None) -> None:
@@ -53,8 +57,14 @@ def init(store_dir: str | None = None) -> None:
         moe_utils.te_general_gemm = None
 
 
+def model_naming(arch: Architecture) -> Naming:
+    """The naming of the model `gpt_model` builds: the local spec, or TE where mcore has no other."""
+    return "te" if arch.hybrid else "local"
+
+
 def gpt_model(arch: Architecture):
-    """The mcore GPTModel (local spec, fp32) equivalent to the HF model `arch` describes."""
+    """The mcore GPTModel (fp32) equivalent to the HF model `arch` describes: local spec; Qwen3-Next with
+    megatron-core's experimental-attention-variant block spec (Transformer Engine)."""
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -63,8 +73,17 @@ def gpt_model(arch: Architecture):
     moe = dict(num_moe_experts=arch.experts, moe_router_topk=arch.topk, moe_ffn_hidden_size=arch.moe_ffn,
                moe_router_score_function="softmax",
                # HF norm_topk_prob=True renormalises the top-k softmax = mcore's softmax over the top-k logits.
-               moe_router_pre_softmax=not arch.norm_topk_prob, moe_grouped_gemm=False,
+               moe_router_pre_softmax=not arch.norm_topk_prob, moe_grouped_gemm=arch.hybrid,
                moe_token_dispatcher_type="allgather", moe_aux_loss_coeff=0.0) if arch.moe else {}
+    # Qwen3-Next as Megatron-Bridge's provider configures it: zero-centred norms, gated attention, a gated
+    # shared expert, DeltaNet layers with a full-attention layer every linear_attention_freq.
+    hybrid = dict(
+        transformer_impl="transformer_engine", layernorm_zero_centered_gamma=True, attention_output_gate=True,
+        moe_shared_expert_intermediate_size=arch.shared_ffn, moe_shared_expert_gate=True,
+        experimental_attention_variant="gated_delta_net", linear_attention_freq=arch.linear_attention_freq,
+        linear_conv_kernel_dim=arch.conv_kernel, linear_key_head_dim=arch.linear_key_dim,
+        linear_value_head_dim=arch.linear_value_dim, linear_num_key_heads=arch.linear_key_heads,
+        linear_num_value_heads=arch.linear_value_heads) if arch.hybrid else {}
     config = TransformerConfig(
         num_layers=arch.layers, hidden_size=arch.hidden, num_attention_heads=arch.heads,
         num_query_groups=arch.groups, kv_channels=arch.head_dim, ffn_hidden_size=arch.ffn or arch.moe_ffn,
@@ -72,13 +91,39 @@ def gpt_model(arch: Architecture):
         add_bias_linear=False, qk_layernorm=True, hidden_dropout=0.0, attention_dropout=0.0,
         use_cpu_initialization=True, params_dtype=torch.float32, bias_activation_fusion=False,
         masked_softmax_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
-        apply_rope_fusion=False, bias_dropout_fusion=False, **moe,
+        apply_rope_fusion=False, bias_dropout_fusion=False, **moe, **hybrid,
     )
-    spec = get_gpt_layer_local_spec(num_experts=arch.experts or None, moe_grouped_gemm=False, qk_layernorm=True,
-                                    normalization="RMSNorm")
+    if arch.hybrid:
+        from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+            get_transformer_block_with_experimental_attention_variant_spec,
+        )
+
+        spec = get_transformer_block_with_experimental_attention_variant_spec(config)
+    else:
+        spec = get_gpt_layer_local_spec(num_experts=arch.experts or None, moe_grouped_gemm=False, qk_layernorm=True,
+                                        normalization="RMSNorm")
     return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=arch.vocab,
                     max_sequence_length=arch.max_positions, position_embedding_type="rope",
-                    rotary_base=int(arch.rope_theta), share_embeddings_and_output_weights=arch.tied).eval()
+                    rotary_percent=arch.rotary_fraction, rotary_base=int(arch.rope_theta),
+                    share_embeddings_and_output_weights=arch.tied).eval()
+
+
+# What megatron-core's Qwen3-Next needs besides itself: (what, importable module).
+_HYBRID_NEEDS = (("Transformer Engine (its hybrid block spec is TE-only)", "transformer_engine"),
+                 ("FLA (GatedDeltaNet's Triton kernels)", "fla"))
+
+
+def why_not_here(arch: Architecture, error: BaseException) -> str:
+    """One line: why megatron-core's model of `arch` could not be built or run here (`error` says how it failed)."""
+    import importlib.util
+
+    import megatron.core
+
+    missing = [what for what, module in _HYBRID_NEEDS if importlib.util.find_spec(module) is None]
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return (f"megatron-core {megatron.core.__version__} cannot run {arch.family} on this CPU-only verifier"
+            + (f" (not installed: {', '.join(missing)})" if missing else "")
+            + f": {type(error).__name__}: {(lines[-1] if lines else '')[:200]}")
 
 
 def causal_mask(seq_len: int) -> torch.Tensor:

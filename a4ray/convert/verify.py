@@ -178,8 +178,11 @@ def _stored_dtype(ckpt: Path, fmt: str) -> torch.dtype:
 
 
 def _load_into(model, ckpt: Path, arch: Architecture, naming: Naming, fmt: str, report: VerifyReport) -> None:
-    """Load the checkpoint into the local-spec model, translating `naming` to local names."""
-    pairs = [(s.sharded_key("local"), s.sharded_key(naming), s.state_key("local"), s.state_key(naming))
+    """Load the checkpoint into the verifier's model (`mcore_cpu.model_naming`), translating `naming` to its names."""
+    from a4ray.convert.mcore_cpu import model_naming
+
+    ours_naming = model_naming(arch)
+    pairs = [(s.sharded_key(ours_naming), s.sharded_key(naming), s.state_key(ours_naming), s.state_key(naming))
              for s in slots(arch)]
     if fmt == "legacy":
         state = torch.load(ckpt / LEGACY_FILE, map_location="cpu", weights_only=False)["model"]
@@ -227,7 +230,13 @@ def _logits(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: Naming, fm
         report.problems.append(f"logits: rope_type {arch.rope_type!r} is not modelled by the verifier; "
                                "set convert.verify.logits=false")
         return
-    model = mcore_cpu.gpt_model(arch)
+    try:
+        model = mcore_cpu.gpt_model(arch)
+    except Exception as error:  # noqa: BLE001 - a model megatron-core cannot build here is not compared
+        if not arch.hybrid:
+            raise
+        report.logits_skipped = mcore_cpu.why_not_here(arch, error)
+        return
     try:
         _load_into(model, ckpt, arch, naming, fmt, report)
     except _READ_ERRORS as error:  # a checkpoint the model cannot load fails the check
@@ -244,7 +253,13 @@ def _logits(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: Naming, fm
     tokens = torch.randint(0, arch.vocab, (spec.sequences, spec.seq_len), generator=torch.Generator().manual_seed(0))
     positions = torch.arange(spec.seq_len).expand(spec.sequences, -1)
     with torch.no_grad():
-        ours = model(input_ids=tokens, position_ids=positions, attention_mask=mcore_cpu.causal_mask(spec.seq_len))
+        try:
+            ours = model(input_ids=tokens, position_ids=positions, attention_mask=mcore_cpu.causal_mask(spec.seq_len))
+        except Exception as error:  # noqa: BLE001 - built, yet its layers do not run here (GPU kernels)
+            if not arch.hybrid:
+                raise
+            report.logits_skipped = mcore_cpu.why_not_here(arch, error)
+            return
         del model
         # The reference holds the weights rounded as the checkpoint stores them, then computes in fp32 too.
         reference = AutoModelForCausalLM.from_pretrained(hf.path, dtype=_stored_dtype(ckpt, fmt),

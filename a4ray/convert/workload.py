@@ -364,6 +364,8 @@ class ConvertWorkload(Workload[ConvertJob]):
             from a4ray.convert.native import _why
 
             report = VerifyReport(ok=False, problems=[f"the verification task failed: {_why(error)}"])
+        if report.logits_skipped:
+            say(f"convert: verify: logits: skipped: {report.logits_skipped}")
         say(f"convert: verify {'passed' if report.ok else 'FAILED'} on {report.node or '?'} in "
             f"{report.duration_s:.1f}s: {report.summary()}")
         return report
