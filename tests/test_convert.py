@@ -1,6 +1,7 @@
-"""HF -> Megatron-core conversion: real tiny Qwen3 / Qwen3-MoE checkpoints (transformers, random weights,
-GQA, several experts, sharded safetensors), converted by Ray tasks on the session's simulated A4 nodes
-and verified with megatron-core on CPU (logits against the HF model, and a tensor-by-tensor round trip).
+"""HF -> Megatron-core conversion: real tiny Qwen3 / Qwen3-MoE / Qwen3-Next checkpoints (transformers, random
+weights, GQA, several experts, sharded safetensors), converted by Ray tasks on the session's simulated A4 nodes
+and verified with megatron-core on CPU (logits against the HF model, and a tensor-by-tensor round trip;
+Qwen3-Next by the round trip alone: megatron-core builds its DeltaNet layers with TE and FLA's GPU kernels only).
 """
 
 from __future__ import annotations
@@ -20,9 +21,18 @@ import torch
 
 from a4ray.convert import convert
 from a4ray.convert.hf import HFCheckpoint
-from a4ray.convert.mapping import Architecture, ExtraState, slots, to_hf, to_mcore
+from a4ray.convert.mapping import (
+    CONV_PARTS,
+    IN_PROJ_PARTS,
+    Architecture,
+    ExtraState,
+    hf_tensors,
+    slots,
+    to_hf,
+    to_mcore,
+)
 from a4ray.convert.native import check_disk, check_memory
-from a4ray.convert.tiny import write_tiny
+from a4ray.convert.tiny import QWEN3_NEXT_TINY, write_tiny, write_tiny_next
 from a4ray.errors import (
     ConvertFailed,
     ConvertInputError,
@@ -40,6 +50,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
     return {
         "moe": write_tiny(root / "tiny-moe", moe=True, layers=3, experts=4, topk=2),
         "dense": write_tiny(root / "tiny-dense", moe=False, layers=2, tied=True),
+        "next": write_tiny_next(root / "tiny-next"),  # the Qwen3-Next stand-in's shape, every norm random
     }
 
 
@@ -88,6 +99,46 @@ def test_moe_converts_on_two_nodes_verifies_and_is_then_a_cache_hit(local_cluste
     assert (out / "latest").resolve() == Path(local.checkpoint)
     assert json.loads((root / "a4ray-convert.json").read_text()) == record
     assert _committed(out) == sorted([root.name, Path(local.checkpoint).name, "latest"])
+
+
+@pytest.mark.slow
+def test_qwen3_next_converts_on_two_nodes_round_trips_exactly_and_is_then_a_cache_hit(local_cluster, models, tmp_path):
+    out = tmp_path / "out"
+    first = convert(_spec(models["next"], out))
+    assert first.ok and first.status == "ran"
+    assert len({p.node for p in first.parts}) == 2, "parts ran on both simulated nodes"
+    v, arch = first.verify, _arch(models["next"])
+    # Every HF tensor back exactly (in_proj_qkvz / in_proj_ba / conv1d from their parts, the gated norm
+    # through its -1 shift); logits not claimed: megatron-core cannot build the DeltaNet layers on CPU.
+    assert v.ok and v.tensors_checked == v.tensors_equal == len(hf_tensors(arch)) and not v.tensors_rounded
+    assert not v.logits_checked and "Transformer Engine" in v.logits_skipped and "FLA" in v.logits_skipped
+    assert f"round trip {v.tensors_equal}/{v.tensors_equal} HF tensors identical; logits not compared: " \
+        in first.verdict
+
+    release = Path(first.checkpoint) / "release"
+    from torch.distributed.checkpoint import FileSystemReader
+
+    stored = {k: tuple(m.size) for k, m in FileSystemReader(str(release)).read_metadata().state_dict_metadata.items()
+              if hasattr(m, "size")}
+    # Layers keyed by index (mcore's non_homogeneous_layers); DeltaNet projections in mcore's parts.
+    assert not any(k.startswith("decoder.layers.self_attention") for k in stored)
+    L0, L3 = "decoder.layers.0.", "decoder.layers.3."
+    assert [stored[f"{L0}self_attention.in_proj.weight.{part}"] for part in IN_PROJ_PARTS] == [
+        (32, 64), (32, 64), (64, 64), (64, 64), (4, 64), (4, 64)]
+    assert [stored[f"{L0}self_attention.conv1d.weight.{part}"] for part in CONV_PARTS] == [
+        (32, 1, 4), (32, 1, 4), (64, 1, 4)]
+    assert stored[L3 + "self_attention.linear_qkv.weight"] == ((2 * 4 + 2 * 2) * 16, 64)  # queries, gates, k, v
+    assert stored[L3 + "mlp.experts.experts.linear_fc1.weight"] == (8, 64, 64)
+    assert stored[L0 + "mlp.shared_experts.gate_weight"] == (1, 64)
+    args = torch.load(release / "common.pt", weights_only=False)["args"]
+    assert args.experimental_attention_variant == "gated_delta_net" and args.linear_attention_freq == 4
+
+    again = convert(_spec(models["next"], out))
+    assert again.status == "cached" and again.checkpoint == first.checkpoint and again.verify == first.verify
+
+    with pytest.raises(UnsupportedModel, match="convert.naming=local: megatron-core builds Qwen3-Next with the "
+                                               "Transformer Engine spec only"):
+        convert(_spec(models["next"], out, "convert.naming=local"))
 
 
 @pytest.mark.slow
@@ -195,14 +246,10 @@ def test_pai_and_swift_dry_runs_print_each_nodes_documented_command(tmp_path):
 
 
 def test_bad_inputs_get_errors_that_name_the_problem(models, tmp_path):
-    next_dir = tmp_path / "next"
-    next_dir.mkdir()
-    shutil.copy(models["moe"] / "config.json", next_dir / "config.json")
-    config = json.loads((next_dir / "config.json").read_text())
-    (next_dir / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3NextForCausalLM"]}))
-    with pytest.raises(UnsupportedModel, match="Qwen3ForCausalLM, Qwen3MoeForCausalLM") as err:
-        Architecture.from_config(json.loads((next_dir / "config.json").read_text()), "input x")
-    assert "backend: pai" in str(err.value)
+    config = json.loads((models["moe"] / "config.json").read_text())
+    with pytest.raises(UnsupportedModel, match="Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3NextForCausalLM") as err:
+        Architecture.from_config({**config, "architectures": ["DeepseekV3ForCausalLM"]}, "input x")
+    assert "backend: pai" in err.value.hint
 
     broken = tmp_path / "broken"
     shutil.copytree(models["moe"], broken)
@@ -216,7 +263,7 @@ def test_bad_inputs_get_errors_that_name_the_problem(models, tmp_path):
     (wrong / "config.json").write_text(json.dumps({**config, "moe_intermediate_size": 48}))
     hf = HFCheckpoint.open(wrong)
     with pytest.raises(ConvertInputError, match=r"gate_proj.weight in .*shape \[32, 64\], config.json implies \[48"):
-        hf.check(slots(hf.architecture()))
+        hf.check(hf_tensors(hf.architecture()))
 
     with pytest.raises(InsufficientResources, match="free"):
         check_disk(tmp_path, 10**18)
@@ -286,6 +333,76 @@ def test_qkv_is_interleaved_per_query_group_and_maps_back():
     # group g = [its query heads, its key head, its value head]
     assert fused[:, 0].tolist() == [0, 1, 10, 20, 2, 3, 11, 21]
     assert all(torch.equal(a, b) for a, b in zip(to_hf(slot, fused, arch), [q, k, v]))
+
+
+def _next_arch() -> Architecture:
+    from transformers import Qwen3NextConfig
+
+    return Architecture.from_config({**Qwen3NextConfig(**QWEN3_NEXT_TINY).to_dict(),
+                                     "architectures": ["Qwen3NextForCausalLM"]}, "stand-in")
+
+
+def test_qwen3_next_layouts_give_mcore_what_hf_computes():
+    """Each mcore tensor, split as megatron-core's forward splits it (attention.py, gated_delta_net.py),
+    yields what the HF module computes from the HF tensors: the mapping's meaning, not only its inverse."""
+    from transformers import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    arch = _next_arch()
+    layer = {s.role: s for s in slots(arch) if s.layer == 0} | {s.role: s for s in slots(arch) if s.layer == 3}
+    torch.manual_seed(0)
+    x = torch.randn(5, arch.hidden)
+
+    # Gated attention: HF's q_proj holds each head's [query; gate]; mcore's linear_qkv, per group,
+    # [queries; gates; k; v], split by get_query_key_value_tensors(output_gate=True).
+    d, ng, per = arch.head_dim, arch.groups, arch.heads // arch.groups
+    q_proj, k_proj, v_proj = (torch.randn(shape) for _, shape in layer["qkv"].sources)
+    hf_query, hf_gate = (x @ q_proj.T).view(5, arch.heads, 2 * d).chunk(2, dim=-1)
+    mixed = (x @ to_mcore(layer["qkv"], [q_proj, k_proj, v_proj], arch).T).view(5, ng, (2 * per + 2) * d)
+    query, gate, key, value = mixed.split([per * d, per * d, d, d], dim=-1)
+    assert torch.allclose(query.reshape(5, arch.heads, d), hf_query)
+    assert torch.allclose(gate.reshape(5, arch.heads, d), hf_gate)
+    assert torch.allclose(key.reshape(5, ng, d), (x @ k_proj.T).view(5, ng, d))
+    assert torch.allclose(value.reshape(5, ng, d), (x @ v_proj.T).view(5, ng, d))
+
+    # DeltaNet: mcore's in_proj (its parts, in order) then its forward's splits = HF's fix_query_key_value_ordering.
+    hf = Qwen3NextGatedDeltaNet(Qwen3NextConfig(**QWEN3_NEXT_TINY), 0)
+    tensors = {name: param.detach() for name, param in hf.named_parameters()}
+
+    def mcore(role):
+        slot = layer[role]
+        return to_mcore(slot, [tensors[slot.sources[0][0].split("linear_attn.")[1]]], arch)
+
+    in_proj = torch.cat([mcore(f"in_proj.{part}") for part in IN_PROJ_PARTS])
+    qk, v, heads = 2 * 16, 4 * 16, 4
+    qkv, z, beta, alpha = (x @ in_proj.T).split([2 * qk + v, v, heads, heads], dim=-1)
+    query, key, value = qkv.split([qk, qk, v], dim=-1)
+    with torch.no_grad():
+        want = hf.fix_query_key_value_ordering(hf.in_proj_qkvz(x[None]), hf.in_proj_ba(x[None]))
+    for ours, theirs in zip((query, key, value, z, beta, alpha), want):
+        assert torch.allclose(ours, theirs.reshape(5, -1))
+    # conv1d runs over [q; k; v] channels in both: the parts, in order, are HF's weight.
+    assert torch.equal(torch.cat([mcore(f"conv1d.{part}") for part in CONV_PARTS]), tensors["conv1d.weight"])
+
+
+def test_qwen3_next_slots_tile_every_hf_tensor_and_map_back():
+    """Every HF row goes to exactly one mcore tensor, and back; the gated norm by its zero-centring shift,
+    which is exact where w - 1 is representable and otherwise rounds once (what the verifier then checks)."""
+    arch = _next_arch()
+    torch.manual_seed(0)
+    hf = {name: (1 + 0.1 * torch.randn(shape)).to(torch.bfloat16) for name, shape in hf_tensors(arch).items()}
+    back: dict = {}
+    for slot in slots(arch):
+        tensor = to_mcore(slot, [hf[name] for name, _ in slot.sources], arch)
+        assert tensor.shape == slot.shape, slot.role
+        to_hf(slot, tensor, arch, into=back)
+    assert all(torch.equal(hf[name], back[name]) for name in hf)
+    norm = next(s for s in slots(arch) if s.role == "out_norm")
+    w = torch.tensor([1.5, 1.0, 0.5, 0.25] * 4, dtype=torch.bfloat16)  # a value head's 16 weights
+    shifted = to_mcore(norm, [w], arch)
+    assert shifted.tolist() == [0.5, 0.0, -0.5, -0.75] * 4 and torch.equal(to_hf(norm, shifted, arch)[0], w)
+    tiny = torch.full((16,), 0.001, dtype=torch.bfloat16)  # 0.001 - 1 rounds to -1 in bf16
+    assert to_hf(norm, to_mcore(norm, [tiny], arch), arch)[0].eq(0).all()
 
 
 @pytest.mark.parametrize("refuse", ["", "copy_file_range", "skip_data"])

@@ -89,14 +89,11 @@ def make_qwen3_next(out: Path, tokenizer_dir: Path) -> None:
     import torch
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
+    from a4ray.convert.tiny import QWEN3_NEXT_TINY
+
     torch.manual_seed(SEED)
-    config = Qwen3NextConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-        shared_expert_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-        linear_value_head_dim=16, num_experts=8, num_experts_per_tok=2, max_position_embeddings=512,
-        tie_word_embeddings=False, eos_token_id=0, pad_token_id=0, bos_token_id=None,
-    )
+    config = Qwen3NextConfig(**{**QWEN3_NEXT_TINY, "vocab_size": VOCAB}, eos_token_id=0, pad_token_id=0,
+                             bos_token_id=None)
     _save_checkpoint(Qwen3NextForCausalLM(config), out, tokenizer_dir)
 
 
