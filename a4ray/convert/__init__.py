@@ -8,8 +8,13 @@
     result.checkpoint    # the committed checkpoint directory: the trainer's --load
     result.verify        # logits and round-trip figures
 
-Backends: `native` (Ray tasks over layer ranges, Qwen3 and Qwen3-MoE), `pai` (Pai-Megatron-Patch's
+Backends: `native` (Ray tasks over layer ranges, Qwen3, Qwen3-MoE and Qwen3-Next), `pai` (Pai-Megatron-Patch's
 distributed converter on every node), `swift` (ms-swift's `swift export --to_mcore`).
+
+Qwen3-Next converts natively to megatron-core's own hybrid GPTModel (`experimental_attention_variant=
+"gated_delta_net"`, TE names, torch_dist; `mapping` says how). Its verification is the exact round trip of
+every tensor: megatron-core builds the gated DeltaNet layers only with Transformer Engine and FLA's GPU
+kernels, so the CPU verifier reports "logits not compared" and why.
 
 A pipeline step that already holds a connection and a run directory runs
 `ConvertWorkload(job).run_job(conn, run_dir)` (`a4ray.convert.workload`); `job.convert` is the

@@ -46,7 +46,8 @@ def pai_model(config: dict, pai: PaiConvertSpec, source: str) -> tuple[str, str]
             f"{source}: {arch} with {config.get('num_hidden_layers')} layers, hidden {config.get('hidden_size')}"
             f"{f', {experts} experts' if experts else ''} is not a model Pai's converter scripts define "
             f"(they define: {', '.join(known)})",
-            hint="use backend: native for Qwen3 / Qwen3-MoE, or set convert.pai.model_size and convert.pai.script")
+            hint="use backend: native for Qwen3 / Qwen3-MoE / Qwen3-Next, or set convert.pai.model_size and "
+                 "convert.pai.script")
     if pai.script:
         return size, pai.script
     if arch == "Qwen3NextForCausalLM":
