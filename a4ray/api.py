@@ -11,7 +11,7 @@ stands on.
     a4ray.runs(); a4ray.get_run(run.id)          # the same run again, after a kernel restart
     a4ray.sweep(spec, {"network.env.NCCL_IB_QPS_PER_CONNECTION": [1, 2, 4]})
 
-Results are typed (`a4ray.results.Result`: `.to_pandas()`, `.plot()`, an HTML view in Jupyter). A run's
+Results are typed (`a4ray.core.results.Result`: `.to_pandas()`, `.plot()`, an HTML view in Jupyter). A run's
 record is its run directory on the workspace (`<workspace>/runs/<id>/`: spec, plan, logs, result), so it
 outlives the process, the Ray session and the cluster.
 """
@@ -26,13 +26,13 @@ from pathlib import Path
 
 import ray
 
-from a4ray.console import say
-from a4ray.errors import A4RayError, Cancelled
-from a4ray.handle import Run, RunList, find_runs, record_outcome
-from a4ray.results import Result
-from a4ray.rundir import RunDir
+from a4ray.core.console import say
+from a4ray.core.errors import A4RayError, Cancelled
+from a4ray.driver.handle import Run, RunList, find_runs, record_outcome
+from a4ray.core.results import Result
+from a4ray.core.rundir import RunDir
 from a4ray.runtime.connect import Connection
-from a4ray.runtime.local import LOCAL_ROOT_ENV
+from a4ray.runtime.simulated import LOCAL_ROOT_ENV
 from a4ray.spec import JobSpec, RecipeJob, StageJob, StorageSpec, load_job
 
 _current: Cluster | None = None

@@ -12,7 +12,7 @@ SUBCOMMAND_MODULES = [
     "a4ray.commands.convert",
     "a4ray.commands.local",
     "a4ray.commands.doctor",
-    "a4ray.commands.k8s",
+    "a4ray.commands.kube",
     "a4ray.commands.stage",
     "a4ray.commands.network",
 ]

@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from a4ray.console import say
-from a4ray.errors import A4RayError
-from a4ray.redact import redact
+from a4ray.core.console import say
+from a4ray.core.errors import A4RayError
+from a4ray.core.redact import redact
 
 
 def add_job_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

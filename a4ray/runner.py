@@ -8,15 +8,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from a4ray.console import say
+from a4ray.core.console import say
 from a4ray.observe import metrics
-from a4ray.rundir import RunDir
+from a4ray.core.rundir import RunDir
 from a4ray.runtime.connect import connect
 from a4ray.runtime.gang import Gang
 from a4ray.runtime.restart import should_retry
 from a4ray.runtime.signals import sigterm_as_interrupt
 from a4ray.spec.job import JobSpec
-from a4ray.workloads.base import Workload, WorkloadResult, registered
+from a4ray.workloads.workload import Workload, WorkloadResult, registered
 
 
 def workload_for(spec: JobSpec) -> Workload:

@@ -89,7 +89,7 @@ def main() -> int:
     import ray
 
     from a4ray.runtime.connect import NAMESPACE
-    from a4ray.runtime.local import SimulatedCluster
+    from a4ray.runtime.simulated import SimulatedCluster
 
     work = Path(args.workdir)
     model = generate(work / "hf", argparse.Namespace(**{k: v for k, v in vars(args).items()

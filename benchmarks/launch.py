@@ -402,7 +402,7 @@ def _stats(values: list[float]) -> tuple[float, float, float]:
 
 
 def _table(title: str, columns: list[str], rows: list[list[object]]) -> str:
-    from a4ray.console import table
+    from a4ray.core.console import table
 
     return f"{title}\n{table('', columns, rows)}"  # the title on its own line: rich would wrap it to the table
 
@@ -504,7 +504,7 @@ def main() -> int:
     import ray.cloudpickle
 
     from a4ray.runtime.connect import NAMESPACE
-    from a4ray.runtime.local import SimulatedCluster
+    from a4ray.runtime.simulated import SimulatedCluster
 
     sys.path.insert(0, str(HERE))
     import ddp_trivial

@@ -106,7 +106,7 @@ def node_loss(stamped: Stamped, work: Path, step_s: float) -> dict[str, float]:
 
     from a4ray.runner import run
     from a4ray.runtime.connect import NAMESPACE
-    from a4ray.runtime.local import SimulatedCluster
+    from a4ray.runtime.simulated import SimulatedCluster
 
     state = work / "state.json"
     cluster = SimulatedCluster(3, 1)

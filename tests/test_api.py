@@ -13,11 +13,11 @@ import pytest
 import ray
 
 import a4ray
-from a4ray.errors import SpecError
+from a4ray.core.errors import SpecError
 from a4ray.runtime.connect import NAMESPACE
-from a4ray.runtime.local import SimulatedCluster
-from a4ray.workloads.ddp_test import DDPTestResult
-from a4ray.workloads.nccl_test import NcclTestResult
+from a4ray.runtime.simulated import SimulatedCluster
+from a4ray.workloads.ddp_check import DDPTestResult
+from a4ray.workloads.network_test import NcclTestResult
 from conftest import PYTHON, REPO, isolated_env, job, local_up, wait_gone
 
 matplotlib.use("Agg")

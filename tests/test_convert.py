@@ -23,7 +23,7 @@ from a4ray.convert.hf import HFCheckpoint
 from a4ray.convert.mapping import Architecture, ExtraState, slots, to_hf, to_mcore
 from a4ray.convert.native import check_disk, check_memory
 from a4ray.convert.tiny import write_tiny
-from a4ray.errors import (
+from a4ray.core.errors import (
     ConvertFailed,
     ConvertInputError,
     InsufficientResources,
@@ -222,7 +222,7 @@ def test_bad_inputs_get_errors_that_name_the_problem(models, tmp_path):
         check_disk(tmp_path, 10**18)
 
     with pytest.raises(SpecError, match="convert.naming=local"):
-        from a4ray.convert.workload import ConvertWorkload
+        from a4ray.convert.converter import ConvertWorkload
 
         ConvertWorkload(job("convert", "convert.input=x", "convert.backend=pai", "convert.naming=local")).check()
 

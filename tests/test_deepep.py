@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from a4ray.errors import SpecError
+from a4ray.core.errors import SpecError
 from a4ray.runner import run, workload_for
 from tests.conftest import job
 
@@ -51,7 +51,7 @@ def test_mpi_rank_on_the_wrong_node_refuses_to_start():
     stops at once with a reason, instead of hanging in DeepEP's rendezvous as the seeds could."""
     import subprocess
 
-    from a4ray.workloads.deepep import _MPI_GUARD
+    from a4ray.workloads.internode import _MPI_GUARD
 
     run_guard = lambda mpi, node: subprocess.run(  # noqa: E731
         ["bash", "-c", _MPI_GUARD, "deepep", "bash", "-c", 'echo "RANK=$RANK"'], capture_output=True, text=True,
@@ -63,7 +63,7 @@ def test_mpi_rank_on_the_wrong_node_refuses_to_start():
 
 
 def test_missing_env_script_names_the_node(local_cluster, tmp_path):
-    from a4ray.errors import EnvScriptFailed
+    from a4ray.core.errors import EnvScriptFailed
 
     with pytest.raises(EnvScriptFailed, match=r"node \d .*cannot source /nonexistent/unified-env.sh: no such file"):
         run(_spec(tmp_path, "deepep.launcher=direct", "deepep.env_script=/nonexistent/unified-env.sh"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from a4ray.observe.doctor import PROBE_DIR, doctor
+from a4ray.workloads.doctor import PROBE_DIR, doctor
 from conftest import job
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""`a4ray doctor -f SPEC`: preflight checks on every node of the job's gang (see a4ray/observe/doctor.py)."""
+"""`a4ray doctor -f SPEC`: preflight checks on every node of the job's gang (see a4ray/workloads/doctor.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from a4ray.errors import A4RayError
-    from a4ray.observe.doctor import doctor, report
+    from a4ray.core.errors import A4RayError
+    from a4ray.workloads.doctor import doctor, report
     from a4ray.spec.loader import load_job, parse_yaml
 
     try:

@@ -29,12 +29,12 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def main_args(args: argparse.Namespace) -> int:
-    from a4ray.console import say
-    from a4ray.errors import A4RayError, SpecError, StagingFailed
-    from a4ray.redact import redact
+    from a4ray.core.console import say
+    from a4ray.core.errors import A4RayError, SpecError, StagingFailed
+    from a4ray.core.redact import redact
     from a4ray.spec import Staged, load_job
     from a4ray.spec.loader import parse_yaml
-    from a4ray.staging.api import plan, stage
+    from a4ray.staging.stager import plan, stage
 
     try:
         sets = shorthand_sets(args) + (["staging.replace=true"] if getattr(args, "replace", False) else [])
@@ -74,7 +74,7 @@ def main_args(args: argparse.Namespace) -> int:
 
 def _write_result(path: str | None, text: str) -> None:
     if path:
-        from a4ray.redact import redact
+        from a4ray.core.redact import redact
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(redact(text))

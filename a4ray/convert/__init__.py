@@ -12,8 +12,8 @@ Backends: `native` (Ray tasks over layer ranges, Qwen3 and Qwen3-MoE), `pai` (Pa
 distributed converter on every node), `swift` (ms-swift's `swift export --to_mcore`).
 
 A pipeline step that already holds a connection and a run directory runs
-`ConvertWorkload(job).run_job(conn, run_dir)` (`a4ray.convert.workload`); `job.convert` is the
-`convert:` section (`a4ray.spec.convert.ConvertSpec`) a recipe embeds.
+`ConvertWorkload(job).run_job(conn, run_dir)` (`a4ray.convert.converter`); `job.convert` is the
+`convert:` section (`a4ray.spec.conversion.ConvertSpec`) a recipe embeds.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from a4ray.convert.workload import ConvertResult
-    from a4ray.spec.convert import ConvertJob
+    from a4ray.convert.converter import ConvertResult
+    from a4ray.spec.conversion import ConvertJob
 
 
 def convert(spec: ConvertJob, *, address: str | None = None, local_nodes: int | None = None) -> ConvertResult:
     """Run the conversion `spec` describes (connecting as every a4ray job does) and return its result.
 
-    Raises an `a4ray.errors.ConvertError` (unsupported model, bad input, too little disk or memory, a
+    Raises an `a4ray.core.errors.ConvertError` (unsupported model, bad input, too little disk or memory, a
     failed part, a failed verification) with nothing committed."""
     from a4ray.runner import run
 

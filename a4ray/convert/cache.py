@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel
 
-from a4ray.console import say, warn
+from a4ray.core.console import say, warn
 
 RECORD = "a4ray-convert.json"
 OWNER = ".a4ray-owner"  # in a temporary directory: the process writing it

@@ -23,7 +23,7 @@ import torch
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from a4ray.console import say
+from a4ray.core.console import say
 from a4ray.convert import writer
 from a4ray.convert.cache import PartRecord
 from a4ray.convert.hf import HFCheckpoint
@@ -40,8 +40,8 @@ from a4ray.convert.mapping import (
     slots,
     units,
 )
-from a4ray.errors import ConvertFailed, InsufficientResources
-from a4ray.spec.convert import ConvertJob
+from a4ray.core.errors import ConvertFailed, InsufficientResources
+from a4ray.spec.conversion import ConvertJob
 
 _TASK_OVERHEAD = 512 * 2**20  # interpreter and torch: what a task holds besides tensors
 UNIT_BYTES = 512 * 2**20  # experts of a layer are written together up to this much (one record each)

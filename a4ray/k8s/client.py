@@ -22,12 +22,12 @@ from typing import Any
 
 import yaml
 
-from a4ray.console import say
-from a4ray.errors import KubeError
+from a4ray.core.console import say
+from a4ray.core.errors import KubeError
 from a4ray.k8s import storage as st
 from a4ray.k8s.render import AUTH_TOKEN_KEY, DASHBOARD_PORT, OperatorCaps, to_yaml
 from a4ray.k8s.validate import GROUP, PLURALS, VERSION, schema_from_crd
-from a4ray.redact import register_secret
+from a4ray.core.redact import register_secret
 
 
 

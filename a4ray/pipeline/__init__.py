@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from a4ray.console import say, table
-from a4ray.errors import A4RayError, Cancelled, SpecError
+from a4ray.core.console import say, table
+from a4ray.core.errors import A4RayError, Cancelled, SpecError
 from a4ray.observe.progress import Progress, history
 from a4ray.pipeline import nodefs
 from a4ray.pipeline.steps import Context, Step, StepResult, failed, steps_of, train_workload
-from a4ray.results import Result, axes
-from a4ray.rundir import RunDir
+from a4ray.core.results import Result, axes
+from a4ray.core.rundir import RunDir
 from a4ray.runtime.connect import connect
 from a4ray.runtime.signals import sigterm_as_interrupt
 from a4ray.spec.recipes import STEPS, RecipeJob

@@ -14,9 +14,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from a4ray.console import say
+from a4ray.core.console import say
 from a4ray.entry import _write_json, add_job_options, shorthand_sets
-from a4ray.errors import A4RayError
+from a4ray.core.errors import A4RayError
 from a4ray.spec.recipes import STEPS
 
 JOBS_DIR = Path(__file__).resolve().parents[2] / "jobs"

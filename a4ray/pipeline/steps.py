@@ -17,13 +17,13 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
-from a4ray.console import say
-from a4ray.errors import A4RayError, SpecError, StagingFailed, StepError
+from a4ray.core.console import say
+from a4ray.core.errors import A4RayError, SpecError, StagingFailed, StepError
 from a4ray.pipeline import nodefs
-from a4ray.rundir import RunDir
-from a4ray.spec.convert import ConvertJob
+from a4ray.core.rundir import RunDir
+from a4ray.spec.conversion import ConvertJob
 from a4ray.spec.recipes import RecipeJob
-from a4ray.workloads.base import Workload
+from a4ray.workloads.workload import Workload
 
 Status = Literal["ran", "cached", "skipped", "failed", "not-run"]
 TRAIN_MARKER = "a4ray-train.json"
@@ -99,7 +99,7 @@ class Stage(Step):
         return out
 
     def plan(self, workspace: str) -> list[str]:
-        from a4ray.staging.api import plan
+        from a4ray.staging.stager import plan
 
         made = [f"first: make the tiny local stand-ins in {self.spec.standins} (a4ray.staging.standins)"] \
             if self.spec.standins else []
@@ -144,7 +144,7 @@ def convert_job(spec: RecipeJob) -> ConvertJob:
 
 def convert_plan(job: ConvertJob) -> str:
     """The conversion's dry-run plan: the native plan of parts, or the pai/swift per-node commands."""
-    from a4ray.convert.workload import ConvertWorkload
+    from a4ray.convert.converter import ConvertWorkload
 
     return ConvertWorkload(job).plan().render()
 
@@ -158,7 +158,7 @@ class Convert(Step):
             return ("the built-in trainer trains from the Hugging Face checkpoint (train.model); with "
                     f"train.trainer=pai this step runs the {self.spec.convert.backend} converter")
         if t.trainer == "swift":
-            from a4ray.workloads.swift import trains_from_mcore
+            from a4ray.trainers.swift import trains_from_mcore
 
             if not trains_from_mcore(t):
                 return f"ms-swift {t.version} trains from the Hugging Face weights (--model): no offline conversion"
@@ -212,7 +212,7 @@ class Preflight(Step):
         return ["a failed check stops the pipeline before the train launch (--skip preflight to go on anyway)"]
 
     def run(self, ctx: Context) -> StepResult:
-        from a4ray.observe.doctor import doctor, report
+        from a4ray.workloads.doctor import doctor, report
 
         result = doctor(self.spec)
         report(result)
@@ -227,14 +227,14 @@ class Preflight(Step):
 def train_workload(spec: RecipeJob, workspace: str, checkpoint: str = "") -> Workload:
     trainer = spec.train.trainer
     if trainer == "pai":
-        from a4ray.workloads.pai import PaiTrain
+        from a4ray.trainers.pai import PaiTrain
 
         return PaiTrain(spec, workspace=workspace, load=checkpoint or Convert(spec).latest(workspace))
     if trainer == "swift":
-        from a4ray.workloads.swift import SwiftTrain
+        from a4ray.trainers.swift import SwiftTrain
 
         return SwiftTrain(spec, workspace=workspace, load=checkpoint or Convert(spec).latest(workspace))
-    from a4ray.workloads.torch_train import TorchTrain
+    from a4ray.trainers.builtin import TorchTrain
 
     return TorchTrain(spec, workspace=workspace)
 
@@ -308,12 +308,12 @@ class Train(Step):
         if config is None:
             return  # trained from the converted checkpoint alone; nothing to compare
         if spec.train.trainer == "pai":
-            from a4ray.workloads.pai import check_hf_config, model_of
+            from a4ray.trainers.pai import check_hf_config, model_of
 
             model = model_of(spec)
             problems = check_hf_config(config, model, spec, where) if model else []
         else:
-            from a4ray.workloads.swift import check_hf_config
+            from a4ray.trainers.swift import check_hf_config
 
             problems = check_hf_config(config, spec, where)
         if problems:

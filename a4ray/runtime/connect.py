@@ -16,9 +16,9 @@ from typing import Literal
 
 import ray
 
-from a4ray.console import say, warn
-from a4ray.errors import ConnectError
-from a4ray.runtime.local import LOCAL_ROOT_ENV, SIMULATED_LABEL, SimulatedCluster
+from a4ray.core.console import say, warn
+from a4ray.core.errors import ConnectError
+from a4ray.runtime.simulated import LOCAL_ROOT_ENV, SIMULATED_LABEL, SimulatedCluster
 from a4ray.spec.cluster import ClusterSpec
 
 NAMESPACE = "a4ray"  # named actors (staging owners, ...) are found across jobs in this namespace

@@ -29,9 +29,9 @@ from pydantic import BaseModel
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from a4ray.console import say
-from a4ray.errors import A4RayError, Cancelled, GangFailed, GangHang, GangStartTimeout, GangTimeout
-from a4ray.netenv import NEVER_OVERRIDE
+from a4ray.core.console import say
+from a4ray.core.errors import A4RayError, Cancelled, GangFailed, GangHang, GangStartTimeout, GangTimeout
+from a4ray.runtime.netenv import NEVER_OVERRIDE
 from a4ray.observe import metrics
 from a4ray.observe.progress import Progress
 from a4ray.observe.stacks import summarize
@@ -656,7 +656,7 @@ def describe_env_plan(spec: JobSpec, workload_env: dict[str, str]) -> list[str]:
         lines += [f"  {k}={v}" for k, v in net.gib_overrides.items()]
         lines.append(f"  LD_LIBRARY_PATH={net.gib_lib_dir}:<node's LD_LIBRARY_PATH>")
     lines.append("a4ray: PYTHONUNBUFFERED=1 A4RAY_NODE_RANK=<rank> A4RAY_ATTEMPT=<n> A4RAY_LAUNCH_ID=<id>")
-    from a4ray.redact import Redactor, secret_values
+    from a4ray.core.redact import Redactor, secret_values
 
     for layer, env in (("workload", workload_env), ("user (network.env)", net.env)):
         shown = Redactor(secret_values(env)).env(env)

@@ -3,7 +3,7 @@
 from a4ray.spec.command import CommandJob, CommandSpec
 from a4ray.spec.artifacts import ArtifactSpec, StageJob, Staged, StagingOptions
 from a4ray.spec.cluster import ClusterSpec, NetworkSpec, StorageSpec, TopologySpec
-from a4ray.spec.convert import ConvertJob, ConvertSpec
+from a4ray.spec.conversion import ConvertJob, ConvertSpec
 from a4ray.spec.ddp import DDPTestJob, DDPTestSpec
 from a4ray.spec.deepep import DeepEPJob, DeepEPSpec
 from a4ray.spec.job import JOB_KINDS, ClusterJob, JobSpec, job_kind

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 
-from a4ray.spec.base import EnvVars, Spec
+from a4ray.spec.fields import EnvVars, Spec
 from a4ray.spec.job import JobSpec, job_kind
 from a4ray.spec.mpi import MpiSpec
 

@@ -10,10 +10,10 @@ from typing import Any, ClassVar, Literal, Self
 
 from pydantic import Field, PositiveFloat, PrivateAttr, model_validator
 
-from a4ray.spec.base import Spec
+from a4ray.spec.fields import Spec
 from a4ray.spec.cluster import ClusterSpec, NetworkSpec, StorageSpec
 from a4ray.spec.kuberay import KubeRaySpec
-from a4ray.spec.observe import DoctorSpec, ObserveSpec, RestartSpec
+from a4ray.spec.resilience import DoctorSpec, ObserveSpec, RestartSpec
 
 JOB_KINDS: dict[str, type[JobSpec]] = {}
 

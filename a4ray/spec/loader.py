@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from a4ray.errors import SpecError
-from a4ray.redact import MASK, is_secret_name
+from a4ray.core.errors import SpecError
+from a4ray.core.redact import MASK, is_secret_name
 
 Override = tuple[str, Any, str]  # (dotted path, parsed value, how the user wrote it)
 Token = str | int

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from a4ray.spec.base import Spec
+from a4ray.spec.fields import Spec
 
 
 class MpiSpec(Spec):

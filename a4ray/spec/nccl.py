@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BeforeValidator, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from a4ray.spec.base import Spec
+from a4ray.spec.fields import Spec
 from a4ray.spec.job import JobSpec, job_kind
 from a4ray.spec.mpi import MpiSpec
 

@@ -17,8 +17,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from a4ray.spec.artifacts import Staged
-from a4ray.spec.base import Spec
-from a4ray.spec.convert import ConvertSpec
+from a4ray.spec.fields import Spec
+from a4ray.spec.conversion import ConvertSpec
 from a4ray.spec.job import JobSpec, job_kind
 from a4ray.spec.train import SwiftTrainSpec, TrainSpec
 

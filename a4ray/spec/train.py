@@ -11,7 +11,7 @@ from typing import Literal, Self
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from a4ray.spec.base import Arg, EnvVars, Spec
+from a4ray.spec.fields import Arg, EnvVars, Spec
 
 
 class ParallelSpec(Spec):
@@ -31,7 +31,7 @@ class ParallelSpec(Spec):
 
 class PaiSpec(Spec):
     """Pai-Megatron-Patch's `examples/<model>/run_mcore_qwen3.sh`: the fields its 27 positional arguments and
-    its `MP_*` environment knobs are built from (a4ray/workloads/pai.py)."""
+    its `MP_*` environment knobs are built from (a4ray/trainers/pai.py)."""
 
     repo: str = Field("Pai-Megatron-Patch", description="the staged, pinned checkout (with its Megatron-LM submodules)")
     script: str = Field("examples/qwen3_next/run_mcore_qwen3.sh", description="the run script, relative to the repo")
@@ -118,7 +118,7 @@ class TrainSpec(Spec):
 
 
 class SwiftTrainSpec(Spec):
-    """ms-swift's `megatron rlhf --rlhf_type dpo` (a4ray/workloads/swift.py builds the flags for `version`)."""
+    """ms-swift's `megatron rlhf --rlhf_type dpo` (a4ray/trainers/swift.py builds the flags for `version`)."""
 
     trainer: Literal["swift"] = "swift"
     version: str = Field("3.8.0", pattern=r"^\d+\.\d+(\.\d+)?$", description="the ms-swift version in the image: "

@@ -8,7 +8,7 @@ Layout on disk: `layout`; one module per source scheme: `sources/`; the exactly-
 one artifact's staging on a node: `task`; progress and metrics: `progress`; local stand-ins: `standins`.
 """
 
-from a4ray.staging.api import StageResult, stage
+from a4ray.staging.stager import StageResult, stage
 from a4ray.staging.task import ArtifactOutcome
 
 __all__ = ["ArtifactOutcome", "StageResult", "stage"]

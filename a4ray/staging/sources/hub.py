@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from a4ray.staging.sources.base import FetchContext, Listing, RemoteFile, Source, select
+from a4ray.staging.sources.source import FetchContext, Listing, RemoteFile, Source, select
 
 
 class HfSource(Source):
