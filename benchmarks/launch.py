@@ -151,11 +151,12 @@ class _RayClock:
 @contextlib.contextmanager
 def gang_clock(marks: dict[str, float]):
     """Timestamps of the gang's phases, taken from outside a4ray (nothing in a4ray changes): around
-    Gang.start (and the waits inside it), _Supervisor.watch and Gang.close."""
+    Gang.start (and the waits inside it), Supervisor.watch and Gang.close."""
     import a4ray.runtime.gang as g
+    from a4ray.runtime.supervisor import Supervisor
 
     clock = _RayClock(g.ray, marks)
-    start, watch, close, emit = g.Gang.start, g._Supervisor.watch, g.Gang.close, g._Supervisor._emit
+    start, watch, close, emit = g.Gang.start, Supervisor.watch, g.Gang.close, Supervisor._emit
 
     def timed_start(self):
         marks.setdefault("start_in", time.monotonic())
@@ -181,13 +182,13 @@ def gang_clock(marks: dict[str, float]):
         marks["answers"] = marks.get("answers", 0) + 1  # poll answers the supervisor handled
         emit(self, rank, poll)
 
-    saved = g.ray, g.Gang.start, g._Supervisor.watch, g.Gang.close, g._Supervisor._emit
-    g.ray, g.Gang.start, g._Supervisor.watch, g.Gang.close, g._Supervisor._emit = (
+    saved = g.ray, g.Gang.start, Supervisor.watch, g.Gang.close, Supervisor._emit
+    g.ray, g.Gang.start, Supervisor.watch, g.Gang.close, Supervisor._emit = (
         clock, timed_start, timed_watch, timed_close, counted_emit)
     try:
         yield marks
     finally:
-        g.ray, g.Gang.start, g._Supervisor.watch, g.Gang.close, g._Supervisor._emit = saved
+        g.ray, g.Gang.start, Supervisor.watch, g.Gang.close, Supervisor._emit = saved
 
 
 def command_spec(nodes: int, workspace: Path, argv: list[str], *, torchrun: bool, launcher: str = "a4ray"):
@@ -327,17 +328,17 @@ def fanin(nodes: int, lines: int, workspace: Path, logs: Path, idle_s: float = 5
     cpu0 = time.process_time()
     time.sleep(idle_s)  # what this driver spends with no gang at all (Ray's own threads in it)
     baseline = (time.process_time() - cpu0) / idle_s
-    # An idle node answers its long poll every _POLL_WAIT_S; answering often makes each answer's cost
+    # An idle node answers its long poll every POLL_WAIT_S; answering often makes each answer's cost
     # measurable above the driver's own noise.
-    import a4ray.runtime.gang as g
+    import a4ray.runtime.supervisor as g
 
     quiet: dict[str, float] = {}
-    wait_s, g._POLL_WAIT_S = g._POLL_WAIT_S, 0.05
+    wait_s, g.POLL_WAIT_S = g.POLL_WAIT_S, 0.05
     try:
         with gang_clock(quiet):
             silent = runner.run(command_spec(nodes, workspace, ["sleep", f"{idle_s:g}"], torchrun=False))
     finally:
-        g._POLL_WAIT_S = wait_s
+        g.POLL_WAIT_S = wait_s
     if not silent.ok:
         raise RuntimeError(f"sleep through the gang: {silent.verdict}")
     total = nodes * lines

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from a4ray.observe.progress import parse_progress
+from a4ray.observe.progress import parse_progress, progress_summary
 from a4ray.observe.stacks import StackDump, summarize, where
-from a4ray.runtime.gang import GangResult, NodeResult, progress_summary
+from a4ray.runtime.launch import GangResult, NodeResult
 from a4ray.runtime.restart import should_retry
 from a4ray.spec.resilience import RestartSpec
 

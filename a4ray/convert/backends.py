@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from a4ray.core.errors import UnsupportedModel
-from a4ray.runtime.gang import Launch, NodeContext
+from a4ray.runtime.launch import Launch, NodeContext
 from a4ray.spec.conversion import ConvertSpec, PaiConvertSpec, SwiftConvertSpec
 
 PAI_TOOLKIT = "toolkits/distributed_checkpoints_convertor"

@@ -19,7 +19,7 @@ from a4ray.core.console import say, table
 from a4ray.convert import backends
 from a4ray.convert.cache import CONVERTER_VERSION, ConvertRecord, OutputDir, PartRecord, VerifyReport, cache_key
 from a4ray.core.errors import ConvertFailed, ConvertInputError, InsufficientResources, SpecError, VerifyFailed
-from a4ray.runtime.gang import GangResult, Launch, NodeContext
+from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.conversion import ConvertJob
 from a4ray.workloads.workload import Plan, Workload, WorkloadResult, workload
 

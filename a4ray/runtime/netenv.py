@@ -136,3 +136,21 @@ def build_env(base: Mapping[str, str], layers: list[EnvLayer | None]) -> LaunchE
     # A layer may set a variable back to what the node had: that is no change.
     result.changes = {k: c for k, c in result.changes.items() if base.get(k) != c[0]}
     return result
+
+
+def describe_env_plan(net: NetworkSpec, workload_env: dict[str, str]) -> list[str]:
+    """The env a launch would get, layer by layer, for a dry run (nothing is sourced)."""
+    lines = []
+    if net.gib == "off":
+        lines.append("gib: off")
+    else:
+        lines.append(f"gib ({net.gib}): source {net.gib_script} on each node"
+                     + (" (fail if missing)" if net.gib == "on" else " (skip where missing)"))
+        lines += [f"  {k}={v}" for k, v in net.gib_overrides.items()]
+        lines.append(f"  LD_LIBRARY_PATH={net.gib_lib_dir}:<node's LD_LIBRARY_PATH>")
+    lines.append("a4ray: PYTHONUNBUFFERED=1 A4RAY_NODE_RANK=<rank> A4RAY_ATTEMPT=<n> A4RAY_LAUNCH_ID=<id>")
+    for layer, env in (("workload", workload_env), ("user (network.env)", net.env)):
+        shown = Redactor(secret_values(env)).env(env)
+        lines.append(f"{layer}: " + (" ".join(f"{k}={v}" for k, v in shown.items()) or "-"))
+    lines.append(f"never overridden where the node sets them: {', '.join(NEVER_OVERRIDE)}")
+    return lines

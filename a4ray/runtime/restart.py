@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from a4ray.runtime.gang import GangResult
+from a4ray.runtime.launch import GangResult
 from a4ray.spec.resilience import RestartSpec
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from a4ray.core.console import table
 from a4ray.core.errors import SpecError
 from a4ray.core.results import axes
-from a4ray.runtime.gang import GangResult, Launch, NodeContext
+from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.recipes import RecipeJob
 from a4ray.trainer.checkpoint import latest
 from a4ray.workloads.workload import Workload, WorkloadResult

@@ -26,7 +26,7 @@ from pathlib import PurePosixPath
 
 from a4ray.core.errors import SpecError
 from a4ray.observe.progress import parse_progress
-from a4ray.runtime.gang import GangResult, Launch, NodeContext
+from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.recipes import RecipeJob
 from a4ray.spec.train import TrainSpec
 from a4ray.workloads.workload import Workload, WorkloadResult

@@ -20,7 +20,7 @@ Sources: ../shared/research/workloads.md 2.1-2.2, ms-swift's tags v3.8.0, v3.12.
 from __future__ import annotations
 
 from a4ray.core.errors import SpecError
-from a4ray.runtime.gang import GangResult, Launch, NodeContext
+from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.recipes import RecipeJob
 from a4ray.spec.train import SwiftTrainSpec
 from a4ray.workloads.workload import Workload, WorkloadResult

@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from a4ray.core.console import table
 from a4ray.core.results import axes
-from a4ray.runtime.gang import GangResult, Launch, NodeContext
+from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.ddp import DDPTestJob
 from a4ray.workloads.workload import Workload, WorkloadResult, workload
 from a4ray.workloads.torchrun import torchrun

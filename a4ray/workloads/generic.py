@@ -6,7 +6,7 @@ so a plain script can start its own per-node launcher; with `torchrun: true` a4r
 
 from __future__ import annotations
 
-from a4ray.runtime.gang import GangResult, Launch, NodeContext
+from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.command import CommandJob
 from a4ray.workloads.workload import Workload, WorkloadResult, workload
 from a4ray.workloads.torchrun import torchrun

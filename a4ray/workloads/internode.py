@@ -15,7 +15,8 @@ from a4ray.core.console import table, warn
 from a4ray.core.errors import SpecError
 from a4ray.runtime.mpirun import mpi_launch
 from a4ray.parsers import deepep_log as deepep
-from a4ray.runtime.gang import Gang, Launch, NodeContext
+from a4ray.runtime.gang import Gang
+from a4ray.runtime.launch import Launch, NodeContext
 from a4ray.spec.deepep import DeepEPJob
 from a4ray.workloads.workload import Workload, WorkloadResult, run_launch, workload
 

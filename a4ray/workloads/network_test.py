@@ -22,7 +22,8 @@ from a4ray.core.errors import ToolMissing
 from a4ray.runtime.mpirun import mpi_launch
 from a4ray.parsers import nccl_debug, nccl_tests
 from a4ray.parsers.nccl_tests import PerfRun
-from a4ray.runtime.gang import Gang, GangResult, Launch, NodeContext
+from a4ray.runtime.gang import Gang
+from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.core.results import axes
 from a4ray.runtime.simulated import SIMULATED_LABEL
 from a4ray.runtime.node_actor import Line

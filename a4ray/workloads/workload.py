@@ -11,7 +11,9 @@ from pydantic import BaseModel
 from a4ray.core.console import say
 from a4ray.core.errors import Cancelled, GangFailed
 from a4ray.core.results import Result
-from a4ray.runtime.gang import Gang, GangResult, Launch, NodeContext, Peer, describe_env_plan
+from a4ray.runtime.gang import Gang
+from a4ray.runtime.netenv import describe_env_plan
+from a4ray.runtime.launch import GangResult, Launch, NodeContext, Peer
 from a4ray.spec.job import JobSpec
 
 if TYPE_CHECKING:
@@ -146,7 +148,7 @@ class Workload(ABC, Generic[S]):
         t = c.topology
         order = ("by IP" if t.order == "ip" else
                  f"by node labels {t.block_label}, {t.subblock_label}, {t.host_label}, then IP")
-        env = describe_env_plan(self.spec, launches[0].env if launches else {})
+        env = describe_env_plan(self.spec.network, launches[0].env if launches else {})
         return Plan(job=self.spec.name, kind=self.spec.kind, rank_order=order, env=env,
                     nodes=[NodePlan(rank=i, argv=launch.argv, env=launch.env, cwd=launch.cwd)
                            for i, launch in enumerate(launches)])
