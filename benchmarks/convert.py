@@ -58,7 +58,7 @@ def baseline(files: list[Path], scratch: Path) -> float:
 
 
 def native(model: Path, scratch: Path, nodes: int, tasks_per_node: int, run: int) -> tuple[float, int]:
-    from a4ray.convert import convert
+    from a4ray.driver.execute import run as convert
     from a4ray.spec import load_job
 
     output = scratch / f"native-{nodes}-{run}"

@@ -9,7 +9,7 @@ user code has run and the launch has returned", for `benchmarks/ddp_trivial.py` 
 every rank checks):
   (a) torchrun  N `python -m torch.distributed.run --nnodes N --node-rank i ...` processes started
                 directly (no Ray), from spawn to all exited 0
-  (b) gang      `a4ray.runner.run(spec)` of a `command` job (`torchrun: true`, 1 process per node) with
+  (b) gang      `a4ray.driver.execute.run(spec)` of a `command` job (`torchrun: true`, 1 process per node) with
                 the defaults, attached to this process's Ray session: run directory, placement group,
                 node actors, node facts, launch (each node's ranks started by a4ray's rank launcher with
                 torchrun's env contract), every rank's lines streamed through the driver, results, teardown
@@ -193,7 +193,7 @@ def gang_clock(marks: dict[str, float]):
 
 def command_spec(nodes: int, workspace: Path, argv: list[str], *, torchrun: bool, launcher: str = "a4ray"):
     from a4ray.spec import CommandJob
-    from a4ray.spec.loader import validate
+    from a4ray.spec.overrides import validate
 
     command = {"argv": argv, "torchrun": torchrun, **({"nproc": 1} if torchrun else {})}
     return validate(CommandJob, {
@@ -220,7 +220,7 @@ def gang(nodes: int, workspace: Path, gcs, launcher: str = "a4ray") -> dict:
     """a4ray's public run path, timed end to end; the phases from `gang_clock`. Also the CPU this
     driver and the GCS spent on it: the two places every node's work meets (on A4 each node's own
     work runs on its own CPUs; here all of it shares this machine's)."""
-    from a4ray import runner
+    from a4ray.driver import execute as runner
 
     marks: dict[str, float] = {}
     cpu0, gcs0 = time.process_time(), _cpu(gcs)
@@ -248,10 +248,9 @@ def gang(nodes: int, workspace: Path, gcs, launcher: str = "a4ray") -> dict:
 
 # ------------------------------------------------------------------------------------------ (c)
 def ray_train(nodes: int, storage: Path, index: int) -> dict:
+    import ddp_trivial
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
-
-    import ddp_trivial
 
     t0 = time.monotonic()
     trainer = TorchTrainer(
@@ -308,7 +307,7 @@ def fanin(nodes: int, lines: int, workspace: Path, logs: Path, idle_s: float = 5
     """What streaming every node's lines through the driver costs: a command printing `lines` lines on
     every node, through the gang and bare (its output to a file), the same N processes; and the driver's
     CPU while N nodes run a silent `sleep` (the long polls of supervision alone)."""
-    from a4ray import runner
+    from a4ray.driver import execute as runner
 
     argv = [sys.executable, "-c", f"import sys\nfor i in range({lines}): sys.stdout.write(f'line {{i}}\\n')"]
     logs.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,6 @@ import psutil
 import pytest
 import torch
 
-from a4ray.convert import convert
 from a4ray.convert.hf import HFCheckpoint
 from a4ray.convert.mapping import Architecture, ExtraState, slots, to_hf, to_mcore
 from a4ray.convert.native import check_disk, check_memory
@@ -31,6 +30,7 @@ from a4ray.core.errors import (
     UnsupportedModel,
     VerifyFailed,
 )
+from a4ray.driver.execute import run as convert
 from tests.conftest import PYTHON, REPO, isolated_env, job
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from a4ray.core.errors import SpecError
-from a4ray.runner import run, workload_for
+from a4ray.driver.execute import run
+from a4ray.driver.kinds import job_for
 from tests.conftest import job
 
 STANDIN = Path(__file__).parent / "programs" / "deepep_standin"
@@ -41,9 +42,9 @@ def test_deepep_internode_launch(local_cluster, tmp_path, launcher):
 
 def test_deepep_refuses_uneven_experts_and_one_node(tmp_path):
     with pytest.raises(SpecError, match=r"256 experts do not divide evenly over 24 ranks .* 264"):
-        workload_for(job("deepep_test", "cluster.nodes=3", workspace=tmp_path)).check()
+        job_for(job("deepep_test", "cluster.nodes=3", workspace=tmp_path)).check()
     with pytest.raises(SpecError, match="at least 2 nodes"):
-        workload_for(job("deepep_test", "cluster.nodes=1", workspace=tmp_path)).check()
+        job_for(job("deepep_test", "cluster.nodes=1", workspace=tmp_path)).check()
 
 
 def test_mpi_rank_on_the_wrong_node_refuses_to_start():

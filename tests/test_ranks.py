@@ -10,9 +10,9 @@ import sys
 import time
 
 import psutil
+from conftest import REPO, free_port
 
 from a4ray.runtime.supervisor import root_cause
-from conftest import REPO, free_port
 
 PROBE = str(REPO / "tests" / "programs" / "rank_probe.py")
 # What legitimately differs: the run id is the launch's, and without an agent rank 0 hosts the store.

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from a4ray.api import plan
 from a4ray.core.errors import SpecError
-from a4ray.pipeline import plan
-from a4ray.pipeline.entry import pipeline_main
-from a4ray.pipeline.steps import train_workload
+from a4ray.driver.main import main as pipeline_main
 from a4ray.spec import load_job
+from a4ray.trainers import trainer_for
 from a4ray.workloads.workload import Plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ CKPT = "/mnt/ckpts/mcore/latest"
 
 def launch_plan(kind: str, *sets: str) -> tuple[object, Plan]:
     spec = load_job(None, list(sets), kind=kind)
-    work = train_workload(spec, WS, CKPT)
+    work = trainer_for(spec, WS, CKPT)
     work.check()
     return work, work.plan()
 
@@ -35,7 +35,7 @@ def launch_plan(kind: str, *sets: str) -> tuple[object, Plan]:
 def refusals(kind: str, *sets: str) -> str:
     spec = load_job(None, list(sets), kind=kind)
     with pytest.raises(SpecError) as e:
-        train_workload(spec, WS, CKPT).check()
+        trainer_for(spec, WS, CKPT).check()
     return str(e.value)
 
 

@@ -13,11 +13,14 @@ Every command that changes the cluster takes --dry-run: it prints the API calls 
 from __future__ import annotations
 
 import argparse
-import sys
+import shlex
 import time
 
-from a4ray.core.console import say, warn
+from a4ray.core.console import say, table, warn
 from a4ray.core.errors import A4RayError, KubeError
+from a4ray.driver.main import error_exit
+from a4ray.k8s.render import BUNDLED, default_entrypoint, job_name, render_cluster, render_job
+from a4ray.spec.loader import load_job
 
 
 def _spec_options(p: argparse.ArgumentParser) -> None:
@@ -101,21 +104,16 @@ def _main(fn):
         try:
             return fn(args)
         except A4RayError as error:
-            print(f"a4ray: error: {error}", file=sys.stderr, flush=True)
-            return error.exit_code
+            return error_exit(error)
 
     return run
 
 
 def _load(args: argparse.Namespace):
-    from a4ray.spec import load_job
-
     return load_job(args.config, args.set)
 
 
 def _entrypoint(args: argparse.Namespace, spec) -> list[str]:
-    from a4ray.k8s.render import default_entrypoint
-
     command = list(args.command or [])
     if command[:1] == ["--"]:
         command = command[1:]
@@ -138,8 +136,6 @@ def _warn_all(rendered) -> None:
 
 @_main
 def _render(args: argparse.Namespace) -> int:
-    from a4ray.k8s.render import render_cluster, render_job
-
     spec = _load(args)
     if args.what == "cluster":
         rendered = render_cluster(spec, name=args.name)
@@ -158,8 +154,6 @@ def _render(args: argparse.Namespace) -> int:
 def up_calls(spec, *, name: str | None = None, caps=None) -> tuple[list, object]:
     """The API calls of `a4ray up` (token Secret if auth goes via env, storage, RayCluster), and the render."""
     from a4ray.k8s.client import create_calls, token_secret
-    from a4ray.k8s.render import BUNDLED, render_cluster
-
     rendered = render_cluster(spec, name=name, caps=caps or BUNDLED)
     objects = list(rendered.objects)
     ray_env = rendered.main["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
@@ -214,7 +208,6 @@ def _down(args: argparse.Namespace) -> int:
 
 @_main
 def _status(args: argparse.Namespace) -> int:
-    from a4ray.core.console import table
     from a4ray.k8s.client import cluster_summary, job_summary, list_call, print_plan
 
     if args.dry_run:
@@ -236,8 +229,6 @@ def _status(args: argparse.Namespace) -> int:
 
 def submit_to_cluster(client, entrypoint: list[str], *, name: str) -> str:
     """Submit `entrypoint` through Ray's job API; returns the submission id."""
-    import shlex
-
     return client.submit_job(entrypoint=shlex.join(entrypoint), submission_id=f"{name}-{int(time.time())}",
                              metadata={"a4ray": "true", "a4ray.job": name})
 
@@ -245,16 +236,12 @@ def submit_to_cluster(client, entrypoint: list[str], *, name: str) -> str:
 @_main
 def _submit(args: argparse.Namespace) -> int:
     from a4ray.k8s.client import create_calls, dashboard, follow_logs, print_plan
-    from a4ray.k8s.render import job_name, render_job
-
     spec = _load(args)
     entrypoint = _entrypoint(args, spec)
     namespace = spec.kuberay.namespace
     if args.cluster:
         name = job_name(spec, entrypoint, args.name)
         if args.dry_run:
-            import shlex
-
             say(f"would submit to RayCluster {namespace}/{args.cluster} (port-forward to its head's dashboard, "
                 f"token from its Secret): {shlex.join(entrypoint)}")
             return 0
@@ -285,34 +272,10 @@ def _submit(args: argparse.Namespace) -> int:
     return _follow_rayjob(kube, name, namespace, args.timeout)
 
 
-def _wait_rayjob(kube, name: str, namespace: str, timeout_s: float, poll_s: float = 5.0) -> dict:
-    """Until the RayJob's job was submitted (it has a job id and a cluster), or it ended."""
-    from a4ray.k8s.client import job_summary
-
-    deadline, last = time.monotonic() + timeout_s, ""
-    while True:
-        obj = kube.get("RayJob", name, namespace)
-        if obj is None:
-            raise KubeError(f"RayJob {namespace}/{name} does not exist")
-        line = job_summary(obj)
-        if line != last:
-            say(f"{name}: {line}")
-            last = line
-        status = obj.get("status") or {}
-        if status.get("jobDeploymentStatus") in ("Complete", "Failed", "ValidationFailed") or (
-                status.get("jobId") and status.get("rayClusterName")
-                and status.get("jobDeploymentStatus") == "Running"):
-            return obj
-        if time.monotonic() >= deadline:
-            raise KubeError(f"RayJob {namespace}/{name} not running after {timeout_s:g}s: {line}",
-                            hint="Kueue may not have admitted it yet, or nodes are still coming: a4ray status")
-        time.sleep(poll_s)
-
-
 def _follow_rayjob(kube, name: str, namespace: str, timeout_s: float) -> int:
     from a4ray.k8s.client import dashboard, follow_logs
 
-    obj = _wait_rayjob(kube, name, namespace, timeout_s)
+    obj = kube.wait_submitted(name, namespace, timeout_s)
     status = obj.get("status") or {}
     if status.get("jobDeploymentStatus") != "Running":
         say(f"RayJob {name}: {status.get('jobDeploymentStatus')} {status.get('jobStatus', '')}")

@@ -8,26 +8,43 @@ written into a temporary directory, verified there, and only then renamed into p
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import ray
+import torch
 
+from a4ray.convert import backends, native, verify
+from a4ray.convert.cache import (
+    CONVERTER_VERSION,
+    ConvertRecord,
+    OutputDir,
+    PartRecord,
+    VerifyReport,
+    cache_key,
+    write_record,
+)
+from a4ray.convert.hf import HFCheckpoint, fingerprint
+from a4ray.convert.mapping import Architecture, slots, torch_dtype
+from a4ray.convert.writer import TRACKER
 from a4ray.core.console import say, table
-from a4ray.convert import backends
-from a4ray.convert.cache import CONVERTER_VERSION, ConvertRecord, OutputDir, PartRecord, VerifyReport, cache_key
-from a4ray.core.errors import ConvertFailed, ConvertInputError, InsufficientResources, SpecError, VerifyFailed
+from a4ray.core.errors import (
+    ConvertFailed,
+    ConvertInputError,
+    InsufficientResources,
+    SpecError,
+    UnsupportedModel,
+    VerifyFailed,
+)
+from a4ray.core.rundir import RunDir
+from a4ray.runtime.connect import Connection
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.conversion import ConvertJob
-from a4ray.workloads.workload import Plan, Workload, WorkloadResult, workload
-
-if TYPE_CHECKING:
-    import torch
-
-    from a4ray.convert.hf import HFCheckpoint
-    from a4ray.convert.mapping import Architecture
+from a4ray.workloads.workload import Plan, Workload, WorkloadResult
 
 
 class ConvertResult(WorkloadResult):
@@ -84,7 +101,6 @@ class _Job:
     key: str
 
 
-@workload
 class ConvertWorkload(Workload[ConvertJob]):
     kind = "convert"
 
@@ -119,7 +135,7 @@ class ConvertWorkload(Workload[ConvertJob]):
             raise SpecError(self.spec.source, problems)
 
     # --------------------------------------------------------------------------------- plan
-    def plan(self) -> ConvertPlan:
+    def plan(self, workspace: str | None = None) -> ConvertPlan:
         c = self.spec.convert
         details = [f"input: {self.paths.input}",
                    f"output: {self.paths.output}/<key>/ (latest: {self.paths.output}/latest)",
@@ -149,9 +165,6 @@ class ConvertWorkload(Workload[ConvertJob]):
         return json.loads((path / "config.json").read_text()) if path else {}
 
     def _native_details(self) -> list[str]:
-        from a4ray.convert import native
-        from a4ray.convert.hf import HFCheckpoint
-
         c = self.spec.convert
         head = [f"{self.spec.cluster.nodes} node(s) x {c.tasks_per_node} task(s), {c.naming} naming, {c.format}"]
         path = self._input_from_here()
@@ -180,25 +193,22 @@ class ConvertWorkload(Workload[ConvertJob]):
                              backend=c.backend)
 
     # ------------------------------------------------------------------------------ execute
-    def run_job(self, conn, run_dir) -> ConvertResult:
+    def run(self, conn: Connection, run_dir: RunDir, *, log_dir: Path | None = None) -> ConvertResult:
         t0 = time.monotonic()
         c = self.spec.convert
         self.check()
         if c.backend == "swift" and (reason := backends.swift_skip_reason(c.swift)):
             say(f"convert: skipped: {reason}")
             return ConvertResult(ok=True, status="skipped", backend=c.backend, verdict=f"SKIPPED: {reason}")
-        job = self._prepare(conn.workspace(self.spec.storage.workspace, self.spec.storage.local_workspace))
+        job = self._prepare(conn.workspace(self.spec.storage))
         say(f"convert: {job.source} -> {job.out.final} ({c.backend}, key {job.key[:12]})")
         record = job.out.existing()
         if record is not None:
             return self._cached(job, record, t0)
-        return self._convert(job, run_dir, t0)
+        return self._convert(job, conn, run_dir, log_dir, t0)
 
     def _prepare(self, workspace: Path) -> _Job:
         """Resolve the paths, check the input as far as the backend needs, and compute the cache key."""
-        from a4ray.convert.hf import HFCheckpoint, fingerprint
-        from a4ray.convert.mapping import slots
-
         c = self.spec.convert
         source = Path(_resolve(c.input, workspace))
         output = Path(_resolve(c.output, workspace)) if c.output else source.parent / f"{source.name}-to-mcore"
@@ -222,10 +232,8 @@ class ConvertWorkload(Workload[ConvertJob]):
         key = cache_key(found, c.backend, options, versions)
         return _Job(source, OutputDir(output, key), hf, arch, verify_arch, dtype, found, options, versions, key)
 
-    def _convert(self, job: _Job, run_dir, t0: float) -> ConvertResult:
+    def _convert(self, job: _Job, conn: Connection, run_dir: RunDir, log_dir: Path | None, t0: float) -> ConvertResult:
         """Convert into a temporary directory, verify it there, then commit it (or leave nothing)."""
-        from a4ray.convert import native
-
         c = self.spec.convert
         native_plan = native.plan(job.hf, job.arch, self.spec, job.dtype) if c.backend == "native" else None
         native.check_disk(job.out.root, native_plan.nbytes if native_plan else job.hf.nbytes)
@@ -240,7 +248,7 @@ class ConvertWorkload(Workload[ConvertJob]):
                 _copy_tokenizer(job.source, tmp)
             else:
                 parts = []
-                self._run_gang(tmp, run_dir)
+                self._run_gang(tmp, conn, run_dir, log_dir)
             write_s = time.monotonic() - t0
             report = self._verify(tmp, job.source, job.verify_arch) if c.verify_enabled else None
             if report is not None and not report.ok:
@@ -281,8 +289,6 @@ class ConvertWorkload(Workload[ConvertJob]):
         return options
 
     def _cached(self, job: _Job, record: ConvertRecord, t0: float) -> ConvertResult:
-        from a4ray.convert.cache import write_record
-
         c, out = self.spec.convert, job.out
         if c.verify_enabled and not (record.verify and record.verify.ok):
             say(f"convert: cached conversion {out.final} was not verified; verifying it now")
@@ -302,8 +308,6 @@ class ConvertWorkload(Workload[ConvertJob]):
 
     # --------------------------------------------------------------------------- the backends
     def _run_native(self, hf, native_plan, tmp: Path) -> list[PartRecord]:
-        from a4ray.convert import native
-
         native.check_memory(self.spec, self.spec.convert.tasks_per_node * native_plan.task_memory, "the conversion")
         placement = native.Placement(self.spec, native_plan.task_memory)
         try:
@@ -311,11 +315,9 @@ class ConvertWorkload(Workload[ConvertJob]):
         finally:
             placement.close()
 
-    def _run_gang(self, tmp: Path, run_dir) -> None:
-        from a4ray.convert.writer import TRACKER
-
+    def _run_gang(self, tmp: Path, conn: Connection, run_dir: RunDir, log_dir: Path | None) -> None:
         self.paths.save = str(tmp)
-        gang_result = super().run_job(None, run_dir).gang  # the default: a gang launch of `launch` per attempt
+        gang_result = super().run(conn, run_dir, log_dir=log_dir).gang  # the default: a gang launch per attempt
         if not gang_result.ok:
             raise ConvertFailed(f"{self.spec.convert.backend} conversion failed: {gang_result.failure}",
                                 hint=f"per-node logs: {gang_result.log_dir}")
@@ -324,9 +326,7 @@ class ConvertWorkload(Workload[ConvertJob]):
                                 hint=f"per-node logs: {gang_result.log_dir}")
 
     def _check_verify_memory(self, arch) -> None:
-        from a4ray.convert.verify import memory_needed
-
-        need = memory_needed(arch, self.spec.convert.verify)
+        need = verify.memory_needed(arch, self.spec.convert.verify)
         resource = self.spec.cluster.node_resource
         best = max((n["Resources"].get("memory", 0) for n in ray.nodes()
                     if n.get("Alive") and n["Resources"].get(resource, 0) >= 1), default=0)
@@ -337,8 +337,6 @@ class ConvertWorkload(Workload[ConvertJob]):
                 hint="set convert.verify.logits=false (the round-trip check streams and needs little memory)")
 
     def _verify(self, root: Path, source: Path, arch) -> VerifyReport:
-        from a4ray.convert import verify
-
         c = self.spec.convert
         say(f"convert: verifying {root} against {source} (round trip: {c.verify.round_trip}, "
             f"logits: {c.verify.logits})")
@@ -350,9 +348,7 @@ class ConvertWorkload(Workload[ConvertJob]):
             report = ray.get(task.remote(str(root), str(source), c.naming, c.format, c.verify,
                                          strict_keys=c.backend == "native"))
         except Exception as error:  # noqa: BLE001 - a crashed verifier is a failed verification
-            from a4ray.convert.native import _why
-
-            report = VerifyReport(ok=False, problems=[f"the verification task failed: {_why(error)}"])
+            report = VerifyReport(ok=False, problems=[f"the verification task failed: {native.why_failed(error)}"])
         say(f"convert: verify {'passed' if report.ok else 'FAILED'} on {report.node or '?'} in "
             f"{report.duration_s:.1f}s: {report.summary()}")
         return report
@@ -367,14 +363,10 @@ def _resolve(path: str, workspace: Path) -> str:
 
 
 def _dtype(precision: str, hf):
-    from a4ray.convert.mapping import torch_dtype
-
     return hf.dtype if precision == "auto" else torch_dtype(precision)
 
 
 def _verifiable(hf):
-    from a4ray.core.errors import UnsupportedModel
-
     try:
         return hf.architecture()
     except UnsupportedModel:
@@ -383,8 +375,6 @@ def _verifiable(hf):
 
 def _versions(backend: str, repo: str) -> dict:
     """Versions of what writes the bytes (ms-swift's is an option: the image's, as the user declares it)."""
-    import torch
-
     versions = {"a4ray_converter": CONVERTER_VERSION, "torch": ".".join(torch.__version__.split(".")[:2])}
     if backend == "pai":
         versions["pai_commit"] = _git_head(repo)
@@ -392,8 +382,6 @@ def _versions(backend: str, repo: str) -> dict:
 
 
 def _git_head(repo: str) -> str:
-    import subprocess
-
     try:
         out = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
@@ -407,8 +395,6 @@ _TOKENIZER_FILES = ("*.json", "merges.txt", "vocab.txt", "tokenizer.model", "*.t
 
 
 def _copy_tokenizer(source: Path, checkpoint: Path) -> None:
-    import shutil
-
     for pattern in _TOKENIZER_FILES:
         for path in source.glob(pattern):
             if path.is_file() and path.name != "model.safetensors.index.json":

@@ -23,7 +23,6 @@ import torch
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from a4ray.core.console import say
 from a4ray.convert import writer
 from a4ray.convert.cache import PartRecord
 from a4ray.convert.hf import HFCheckpoint
@@ -40,6 +39,7 @@ from a4ray.convert.mapping import (
     slots,
     units,
 )
+from a4ray.core.console import say
 from a4ray.core.errors import ConvertFailed, InsufficientResources
 from a4ray.spec.conversion import ConvertJob
 
@@ -368,7 +368,7 @@ def _gather(refs: dict, placement: Placement) -> list[PartResult]:
             except Exception as error:  # noqa: BLE001 - any task failure fails the conversion
                 where = placement.bundle_nodes.get(part.index % placement.nodes, "?")
                 raise ConvertFailed(
-                    f"conversion part {part.index} ({part.label}) failed on {where}: {_why(error)}; "
+                    f"conversion part {part.index} ({part.label}) failed on {where}: {why_failed(error)}; "
                     f"{len(pending)} other part(s) cancelled, nothing committed",
                     hint="fix the cause and run again: the conversion starts over in a new temporary directory",
                 ) from None
@@ -384,7 +384,7 @@ def _gather(refs: dict, placement: Placement) -> list[PartResult]:
     return sorted(done, key=lambda r: r.index)
 
 
-def _why(error: Exception) -> str:
+def why_failed(error: Exception) -> str:
     if isinstance(error, ray.exceptions.RayTaskError):
         cause = error.cause if getattr(error, "cause", None) is not None else error
         text = " ".join(str(cause).split())

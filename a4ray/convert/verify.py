@@ -25,8 +25,8 @@ from a4ray.convert.hf import HFCheckpoint
 from a4ray.convert.mapping import Architecture, Naming, Slot, extra_states, groups, slots, to_hf
 from a4ray.convert.writer import LEGACY_FILE, RELEASE, TRACKER
 from a4ray.core.errors import ConvertInputError
+from a4ray.mcore import shims as mcore_cpu
 from a4ray.spec.conversion import VerifySpec
-
 
 # What reading a damaged checkpoint raises (DCP's CheckpointException is a BaseException).
 _READ_ERRORS = (Exception, CheckpointException)
@@ -56,8 +56,6 @@ def run(root: str, input_dir: str, naming: Naming, fmt: str, spec: VerifySpec,
     tensor the model does not ask for is a problem (a4ray's own output; another tool's checkpoint may also
     hold RNG or optimizer state)."""
     import warnings
-
-    from a4ray.mcore import shims as mcore_cpu
 
     # megatron-core warns at import that TE and apex are missing, which verification knows and wants.
     warnings.filterwarnings("ignore", module=r"(megatron|torch\.distributed\.checkpoint)\.")
@@ -197,8 +195,6 @@ def _logits(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: Naming, fm
             report: VerifyReport, strict_keys: bool) -> None:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
-
-    from a4ray.mcore import shims as mcore_cpu
 
     hf_logging.disable_progress_bar()  # one bar per load, in every job log otherwise
 

@@ -6,6 +6,8 @@ passed through the redactor first, so a token that slipped into a message is mas
 
 from __future__ import annotations
 
+from a4ray.core.redact import redact
+
 
 class A4RayError(Exception):
     """Base class. `hint` says what to do about it."""
@@ -18,8 +20,6 @@ class A4RayError(Exception):
         super().__init__(message)
 
     def __str__(self) -> str:
-        from a4ray.core.redact import redact
-
         text = self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
         return redact(text)
 
@@ -66,14 +66,18 @@ class ToolMissing(A4RayError):
     """A tool the spec requires (nccl-tests binaries, mpirun) is missing on some nodes."""
 
 
-class GangFailed(A4RayError):
-    """A node of the gang failed (non-zero exit, actor death, node loss); the gang was torn down."""
+class Failed(A4RayError):
+    """The job ran and failed; `result` holds what it got to (printed and recorded with the error)."""
 
     exit_code = 1
 
     def __init__(self, message: str, *, result=None, hint: str | None = None):
         self.result = result
         super().__init__(message, hint=hint)
+
+
+class GangFailed(Failed):
+    """A node of the gang failed (non-zero exit, actor death, node loss); the gang was torn down."""
 
 
 class GangTimeout(GangFailed):
@@ -106,14 +110,8 @@ class StagingError(A4RayError):
         super().__init__(f"artifact {artifact!r}: {message}" if artifact else message, hint=hint)
 
 
-class StagingFailed(A4RayError):
+class StagingFailed(Failed):
     """One or more artifacts failed to stage; `result` holds every artifact's outcome."""
-
-    exit_code = 1
-
-    def __init__(self, message: str, *, result=None, hint: str | None = None):
-        self.result = result
-        super().__init__(message, hint=hint)
 
 
 class StepError(A4RayError):

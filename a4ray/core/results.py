@@ -18,11 +18,26 @@ from pydantic import BaseModel
 
 from a4ray.core.errors import A4RayError
 
+# job kind -> the result class its `result.json` is read back as (see `register_result`)
+RESULT_TYPES: dict[str, type[Result]] = {}
+
 
 class Result(BaseModel):
     kind: str
     ok: bool
     verdict: str
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        kind = cls.model_fields["kind"].default
+        if isinstance(kind, str):
+            RESULT_TYPES.setdefault(kind, cls)
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code of a command that ran this job: 0 if it passed, else 1."""
+        return 0 if self.ok else 1
 
     def table(self) -> str:
         """The result as plain-text tables (job logs, terminals)."""
@@ -37,7 +52,7 @@ class Result(BaseModel):
         return {}
 
     def to_pandas(self):
-        return _pandas().DataFrame(self.rows())
+        return dataframe(self.rows())
 
     def plot(self, ax=None):
         """Its natural chart on `ax` (default: a new figure); returns the axes."""
@@ -56,12 +71,13 @@ class Result(BaseModel):
         return "\n".join(parts)
 
 
-def _pandas():
+def dataframe(rows: list[dict[str, Any]]):
+    """`rows` as a pandas DataFrame (pandas is imported here, on first use: `pip install 'a4ray[notebook]'`)."""
     try:
         import pandas
     except ImportError:
         raise ImportError("pandas is needed for .to_pandas(): pip install 'a4ray[notebook]'") from None
-    return pandas
+    return pandas.DataFrame(rows)
 
 
 def axes(ax=None, *, title: str, xlabel: str, ylabel: str):
@@ -79,38 +95,20 @@ def axes(ax=None, *, title: str, xlabel: str, ylabel: str):
     return ax
 
 
-def result_types() -> dict[str, type[Result]]:
-    """Every result class by the job kind whose `result.json` it reads."""
-    from a4ray.pipeline import PipelineResult
-    from a4ray.spec import JOB_KINDS, RecipeJob
-    from a4ray.workloads.workload import WorkloadResult, registered
-
-    registered()  # imports every workload module, so every result class is defined
-    import a4ray.workloads.doctor  # noqa: F401 - the results of the doctor and of the train steps
-    import a4ray.trainers.pai  # noqa: F401
-    import a4ray.trainers.builtin  # noqa: F401
-
-    types: dict[str, type[Result]] = {kind: PipelineResult for kind, spec in JOB_KINDS.items()
-                                      if issubclass(spec, RecipeJob)}
-    pending = [WorkloadResult]
-    while pending:
-        cls = pending.pop()
-        pending += cls.__subclasses__()
-        kind = cls.model_fields["kind"].default
-        if isinstance(kind, str):
-            types.setdefault(kind, cls)
-    return types
+def register_result(cls: type[Result], *kinds: str) -> type[Result]:
+    """Read `result.json` of these job kinds as `cls` (a subclass with a `kind` default registers itself)."""
+    for kind in kinds:
+        RESULT_TYPES[kind] = cls
+    return cls
 
 
 def load_result(data: dict | str | Path) -> Result:
-    """A typed result from `result.json` (its path, its text or its parsed dict)."""
+    """A typed result from `result.json` (its path, its text or its parsed dict). The modules that define
+    result classes must be imported (the driver imports every job's)."""
     if isinstance(data, Path):
         data = data.read_text()
     if isinstance(data, str):
         data = json.loads(data)
-    from a4ray.workloads.workload import WorkloadResult
-
     if set(data) <= set(Result.model_fields):  # how a run ended without a typed result (cancelled, refused)
         return Result.model_validate(data)
-    cls = result_types().get(data.get("kind", ""), WorkloadResult)
-    return cls.model_validate(data)
+    return RESULT_TYPES.get(data.get("kind", ""), Result).model_validate(data)

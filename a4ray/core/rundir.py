@@ -1,4 +1,6 @@
-"""A run directory under the workspace: the resolved spec, the plan, per-node/per-rank logs, the result.
+"""A run directory under the workspace: the run's record. The resolved spec, the plan, per-node/per-rank
+logs (each step of a pipeline in its own `logs/<step>/`), and `result.json`: the typed result, or how the
+run ended without one (cancelled, refused). Everything is written through here, redacted.
 
 It lives on shared storage, so it outlives the Ray cluster: `<workspace>/runs/<job>-<time>-<id>/`.
 """
@@ -43,6 +45,25 @@ class RunDir:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    def step_logs(self, step: str) -> Path:
+        """Where one step of a pipeline logs (per node and per rank)."""
+        return self.logs / step
+
+    def write_spec(self, spec: BaseModel) -> Path:
+        return self.write("spec.yaml", spec.to_yaml())
+
+    def write_plan(self, plan: str | BaseModel) -> Path:
+        """The plan as run: `plan.json` (a launch's nodes, commands and env) or `plan.txt` (a pipeline's steps)."""
+        return self.write("plan.txt", plan) if isinstance(plan, str) else self.write("plan.json", plan)
+
+    def write_result(self, result: BaseModel) -> Path:
+        return self.write("result.json", result)
+
+    def write_outcome(self, kind: str, verdict: str) -> None:
+        """How the run ended without a typed result (cancelled, refused), unless it recorded one."""
+        if not (self.root / "result.json").exists():
+            self.write("result.json", {"kind": kind, "ok": False, "verdict": verdict})
 
     def write(self, name: str, content: str | BaseModel | dict) -> Path:
         path = self.root / name

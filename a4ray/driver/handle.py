@@ -1,4 +1,5 @@
 """A run as a handle: its run directory on the workspace and, when submitted, the Ray job that runs it.
+`submit` starts a run as a Ray job and returns its handle.
 
 Nothing in a handle lives in this process: `run.json` in the run directory names the job and the job
 API that runs it, so `a4ray.get_run(id)` rebuilds the same handle after a kernel restart, and a handle
@@ -8,15 +9,27 @@ the job, status and logs come from it; afterwards (the cluster gone) from the ru
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
+import os
+import shlex
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from ray.job_submission import JobSubmissionClient
+
+from a4ray.core.console import say
 from a4ray.core.errors import A4RayError
-from a4ray.core.results import Result, load_result
+from a4ray.core.results import Result, dataframe, load_result
 from a4ray.core.rundir import RunDir
+from a4ray.driver import kinds  # noqa: F401 - defines every job's result class, so load_result reads it
+from a4ray.runtime.connect import Connection
+from a4ray.spec.job import JobSpec
+from a4ray.spec.loader import load_job
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 RECORD = "run.json"
@@ -44,9 +57,7 @@ class Run:
         return self.job_api is not None
 
     # ------------------------------------------------------------------------------------------ job
-    def _client(self):
-        from ray.job_submission import JobSubmissionClient
-
+    def _client(self) -> JobSubmissionClient:
         return JobSubmissionClient(self.job_api)
 
     def start(self, entrypoint: str, *, runtime_env: dict | None = None) -> None:
@@ -105,9 +116,6 @@ class Run:
 
     def follow(self) -> Result:
         """Print the job's output as it comes (like `ray job submit`), then return the result."""
-        import asyncio
-        import threading
-
         async def tail() -> None:
             async for chunk in self._client().tail_job_logs(self.id):
                 print(chunk, end="", flush=True)
@@ -129,9 +137,7 @@ class Run:
         return self.wait(timeout_s)
 
     # ------------------------------------------------------------------------------------ records
-    def spec(self):
-        from a4ray.spec import load_job
-
+    def spec(self) -> JobSpec:
         return load_job(self.root / "spec.yaml")
 
     def logs(self) -> str:
@@ -169,9 +175,7 @@ class RunList(list):
         return rows
 
     def to_pandas(self):
-        import pandas
-
-        return pandas.DataFrame(self.rows())
+        return dataframe(self.rows())
 
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{c}</th>" for c in ("id", "kind", "status", "verdict"))
@@ -188,8 +192,34 @@ def find_runs(workspace: Path, *, job: str | None = None) -> RunList:
     return RunList(Run.at(p) for p in roots)
 
 
-def record_outcome(run_dir: str | Path | None, spec, verdict: str) -> None:
-    """Record how a run ended without a typed result (cancelled, refused), unless it recorded one."""
-    if run_dir is None or (Path(run_dir) / "result.json").exists():
-        return
-    RunDir(Path(run_dir)).write("result.json", Result(kind=spec.kind, ok=False, verdict=verdict))
+def submit(spec: JobSpec, conn: Connection, *, runtime_env: dict | None = None) -> Run:
+    """Start `spec` as a Ray job on the connected cluster and return its handle at once.
+
+    The run directory is made here, before the job starts, so the handle (and `get_run`) finds the run
+    from its first second; the job's driver runs `a4ray run --run-dir` on the cluster and fills it. This
+    process must see the workspace (true on an embedded or `a4ray local up` cluster, and on a notebook pod
+    that mounts the cluster's shared storage)."""
+    if not conn.dashboard_url:
+        raise A4RayError(f"the cluster at {conn.address} has no dashboard, so no job API to submit to",
+                         hint="start it with its dashboard (a4ray.connect(dashboard=True), `ray start --head "
+                         "--include-dashboard=true`), or run here with a4ray.run(spec)")
+    if spec.kind == "stage":
+        raise A4RayError("a stage spec runs as Ray tasks from this process", hint="a4ray.run(spec)")
+    workspace = conn.workspace(spec.storage)
+    if conn.simulated:  # the driver finds the local workspace where this process does, wherever it runs
+        spec = spec.set("storage.local_workspace", str(workspace))
+    try:
+        run_dir = RunDir.create(workspace, spec.name)
+    except OSError as e:
+        raise A4RayError(f"cannot create a run directory under {workspace} from here: {e}",
+                         hint="mount the cluster's workspace here, or run from a process on the cluster") from None
+    spec_file = run_dir.write_spec(spec)
+    python = sys.executable if conn.simulated else "python"
+    entrypoint = shlex.join([python, "-m", "a4ray.cli", "run", "--config", str(spec_file),
+                             "--run-dir", str(run_dir.root)])
+    if conn.simulated:  # this machine: the driver runs here, relative paths in the spec mean what they do here
+        entrypoint = f"cd {shlex.quote(os.getcwd())} && {entrypoint}"
+    handle = Run(run_dir.root, job_api=conn.dashboard_url)
+    handle.start(entrypoint, runtime_env=runtime_env)
+    say(f"submitted {spec.kind} run {handle.id} as a Ray job (dashboard: {conn.dashboard_url})")
+    return handle

@@ -27,7 +27,8 @@ from a4ray.core.console import say
 from a4ray.core.errors import A4RayError
 from a4ray.core.results import Result, axes, load_result
 from a4ray.core.rundir import RunDir
-from a4ray.spec import JobSpec
+from a4ray.driver import execute, session
+from a4ray.spec.job import JobSpec
 
 Grid = Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
 
@@ -95,10 +96,9 @@ def variants(spec: JobSpec, grid: Grid) -> list[tuple[dict[str, Any], JobSpec]]:
 def sweep(spec: JobSpec, grid: Grid, *, stop_on_failure: bool = False) -> SweepResult:
     """Run every variant of `spec` over `grid`, one after another on this process's cluster (connecting
     as `a4ray.connect()` does if not connected yet)."""
-    from a4ray.api import connect, current, run
-
     planned = variants(spec, grid)
-    cluster = current() or connect(local_nodes=spec.cluster.nodes, gpus_per_node=spec.cluster.gpus_per_node)
+    cluster = session.current() or session.connect(local_nodes=spec.cluster.nodes,
+                                                   gpus_per_node=spec.cluster.gpus_per_node)
     workspace = cluster.workspace(spec)
     params = list(planned[0][0])
     sweep_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
@@ -113,7 +113,7 @@ def sweep(spec: JobSpec, grid: Grid, *, stop_on_failure: bool = False) -> SweepR
         entry = Variant(params=values, run_id=run_dir.id, run_dir=str(run_dir.root))
         result.variants.append(entry)
         try:
-            outcome = run(variant, run_dir=run_dir.root)
+            outcome = execute.run(variant, run_dir=run_dir.root)
             entry.ok, entry.verdict, entry.summary = outcome.ok, outcome.verdict, outcome.summary()
         except A4RayError as error:
             entry.verdict = f"ERROR: {error}"
@@ -137,9 +137,7 @@ def _save(result: SweepResult) -> None:
 
 def get_sweep(sweep_id: str, workspace: str | Path | None = None) -> SweepResult:
     """The sweep `sweep_id`, as recorded (after a kernel restart too)."""
-    from a4ray.api import _workspace
-
-    path = _workspace(workspace) / "sweeps" / sweep_id / "sweep.json"
+    path = session.workspace(workspace) / "sweeps" / sweep_id / "sweep.json"
     if not path.is_file():
         raise A4RayError(f"no sweep {sweep_id!r} in {path.parent.parent}")
     return SweepResult.model_validate(json.loads(path.read_text()))

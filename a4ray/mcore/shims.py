@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from a4ray.convert.mapping import Architecture
+from a4ray.core.errors import ConvertError
 
 
 def init(store_dir: str | None = None) -> None:
@@ -32,8 +33,6 @@ def init(store_dir: str | None = None) -> None:
     try:
         import megatron.core  # noqa: F401 - present?
     except ImportError as error:
-        from a4ray.core.errors import ConvertError
-
         raise ConvertError(f"verification needs megatron-core and transformers on the nodes ({error})",
                            hint="install a4ray[convert] in the image, or set convert.verify.enabled=false") from None
 

@@ -26,8 +26,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from a4ray.spec.nccl import COLLECTIVES, format_size, parse_size
 from a4ray.programs.distributed import exit_distributed, init_distributed
+from a4ray.spec.nccl import COLLECTIVES, format_size, parse_size
 
 # torch 2.13 renamed the tensor-in, tensor-out collectives; older images have only the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -86,48 +86,35 @@ class Bench:
         n, r, chunk = self.n, self.rank, count // self.n
         # Zeroed, not empty: garbage may hold NaNs or denormals, which slow CPU reductions down.
         new = lambda k: torch.zeros(k, dtype=self.dtype, device=self.device)  # noqa: E731
+        full = lambda value: torch.full((1,), float(value), device=self.device)  # noqa: E731
         chunks = torch.arange(n, device=self.device, dtype=torch.float32)[:, None]  # chunk index j
+        # Per collective: its buffers, then (out-of-place op, in-place op, fill the input, what to check
+        # against what). The same data and expectations as nccl-tests' own checks.
         if collective == "all_reduce":
             buf = new(count)
-            inplace = lambda: dist.all_reduce(buf)  # noqa: E731
-
-            def check() -> int:
-                buf.fill_(r + 1)
-                inplace()
-                return self.wrong(buf, torch.full((1,), n * (n + 1) / 2, device=self.device))
-            return None, inplace, check
-        if collective == "all_gather":
+            case = (None, lambda: dist.all_reduce(buf), lambda: buf.fill_(r + 1), lambda: (buf, full(n * (n + 1) / 2)))
+        elif collective == "all_gather":
             out, src = new(chunk * n), new(chunk)
-            mine = out[r * chunk:(r + 1) * chunk]
-            oop = lambda: _all_gather(out, src)  # noqa: E731
-            inplace = lambda: _all_gather(out, mine)  # noqa: E731
-
-            def check() -> int:
-                src.fill_(r)
-                oop()
-                return self.wrong(out.view(n, chunk), chunks)
-            return oop, inplace, check
-        if collective == "reduce_scatter":
+            case = (lambda: _all_gather(out, src), lambda: _all_gather(out, out[r * chunk:(r + 1) * chunk]),
+                    lambda: src.fill_(r), lambda: (out.view(n, chunk), chunks))
+        elif collective == "reduce_scatter":  # chunk j (for rank j) holds j + 1 on every rank
             src, out = new(chunk * n), new(chunk)
-            mine = src[r * chunk:(r + 1) * chunk]
-            oop = lambda: _reduce_scatter(out, src)  # noqa: E731
-            inplace = lambda: _reduce_scatter(mine, src)  # noqa: E731
-
-            def check() -> int:
-                src.view(n, chunk).copy_(chunks + 1)  # chunk j (for rank j) holds j + 1 on every rank
-                oop()
-                return self.wrong(out, torch.full((1,), float(n * (r + 1)), device=self.device))
-            return oop, inplace, check
-        if collective == "alltoall":
+            case = (lambda: _reduce_scatter(out, src), lambda: _reduce_scatter(src[r * chunk:(r + 1) * chunk], src),
+                    lambda: src.view(n, chunk).copy_(chunks + 1), lambda: (out, full(n * (r + 1))))
+        elif collective == "alltoall":  # every chunk this rank sends holds its rank
             src, out = new(chunk * n), new(chunk * n)
-            oop = lambda: dist.all_to_all_single(out, src)  # noqa: E731
+            case = (lambda: dist.all_to_all_single(out, src), None, lambda: src.fill_(r),
+                    lambda: (out.view(n, chunk), chunks))
+        else:
+            raise ValueError(f"unknown collective {collective!r}")
+        oop, inplace, fill, compare = case
 
-            def check() -> int:
-                src.fill_(r)  # every chunk this rank sends holds its rank
-                oop()
-                return self.wrong(out.view(n, chunk), chunks)
-            return oop, None, check
-        raise ValueError(f"unknown collective {collective!r}")
+        def check() -> int:
+            fill()
+            (oop or inplace)()
+            return self.wrong(*compare())
+
+        return oop, inplace, check
 
 
 def _fmt(value: float) -> str:

@@ -174,10 +174,11 @@ class Gang:
         if nodes is not None or any(launch.standby for launch in launches):
             say(f"launch {launch_id}: nodes {members}" + "".join(
                 f"; n{members[r]} standby" for r, launch in enumerate(launches) if launch.standby))
-        hang_dir = Path(self.run_dir or Path(log_dir).parent) / (f"hang-attempt-{self.attempt}" if self.attempt else "hang")
+        hang_dir = Path(self.run_dir or Path(log_dir).parent) / (f"hang-attempt-{self.attempt}" if self.attempt
+                                                                 else "hang")
+        wheres = [self.nodes[g].describe(self.cluster.topology) for g in members]
         supervisor = Supervisor(
-            [self.actors[g] for g in members], members, [self.nodes[g].describe(self.cluster.topology) for g in members],
-            launches, timeout_s, observe=self.spec.observe, observers=self.observers, stop=self._stop,
+            [self.actors[g] for g in members], members, wheres, launches, timeout_s, observe=self.spec.observe, observers=self.observers, stop=self._stop,
             hang_dir=hang_dir, tags=(self.spec.name, self.run_id))
         outcome = supervisor.watch()
         result = self._collect(members, outcome, time.monotonic() - t0, log_dir, launch_id)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 
-from a4ray.runtime.rsh import GANG_VAR
 from a4ray.runtime.launch import Launch, NodeContext, Peer
+from a4ray.runtime.rsh import GANG_VAR
 from a4ray.spec.mpi import MpiSpec
 
 

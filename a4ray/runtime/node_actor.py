@@ -32,11 +32,11 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from a4ray.core.errors import EnvScriptFailed
-from a4ray.runtime.netenv import EnvLayer, build_env, gib_layer, source_script
+from a4ray.core.redact import Redactor, secret_values
 from a4ray.observe import metrics
 from a4ray.observe.progress import Progress, parse_progress
 from a4ray.observe.stacks import StackDump, dump_all
-from a4ray.core.redact import Redactor, secret_values
+from a4ray.runtime.netenv import EnvLayer, build_env, gib_layer, source_script
 from a4ray.runtime.process import ManagedProcess, launch_processes
 from a4ray.runtime.topology import NodeFacts
 from a4ray.spec.cluster import NetworkSpec

@@ -109,6 +109,14 @@ class TrainSpec(Spec):
             raise ValueError(f"train.min_lr={self.min_lr:g} is above train.lr={self.lr:g}")
         return self
 
+    def parallelism(self) -> tuple[ParallelSpec, str]:
+        """The trainer's parallelism and its field (the built-in trainer is data-parallel only)."""
+        return {"pai": (self.pai.parallel, "train.pai.parallel"), "torch": (ParallelSpec(), "train")}[self.trainer]
+
+    def sequence(self) -> tuple[str, int]:
+        """The field and value of the sequence length (context parallelism splits it)."""
+        return "train.seq_len", self.seq_len
+
     @property
     def data(self) -> str:
         """The training data path the mode reads."""
@@ -167,3 +175,9 @@ class SwiftTrainSpec(Spec):
     cuda_alloc_conf: str = Field("expandable_segments:True", description="PYTORCH_CUDA_ALLOC_CONF")
     extra_args: list[Arg] = Field(default_factory=list, description="more `megatron rlhf` flags, appended as given")
     env: EnvVars = Field(default_factory=dict)
+
+    def parallelism(self) -> tuple[ParallelSpec, str]:
+        return self.parallel, "train.parallel"
+
+    def sequence(self) -> tuple[str, int]:
+        return "train.max_length", self.max_length

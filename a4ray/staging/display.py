@@ -183,8 +183,8 @@ class Display:
                 self._last[p.artifact] = (now, p.phase, p.bytes)
 
     def _show_bar(self, snapshots: list[Progress]) -> None:
-        from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, TextColumn, TimeRemainingColumn,
-                                   TransferSpeedColumn)
+        from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+        from rich.progress import Progress as Bar
 
         if self._bar is None:
             self._bar = Bar(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),

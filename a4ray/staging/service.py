@@ -26,7 +26,6 @@ from a4ray.staging.display import Progress
 from a4ray.staging.task import ArtifactOutcome, StageRequest, run_stage
 
 
-
 def _code_version() -> str:
     """A digest of the staging code: a detached service runs the code of the job that started it, so each
     version of the code gets its own service (the on-disk lock still serializes them on a target)."""

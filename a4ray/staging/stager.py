@@ -1,8 +1,9 @@
-"""`stage(spec)`: stage a job's artifacts on the cluster and report, per artifact, ran | cached | joined.
+"""`stage(spec)`: stage a job's artifacts on the connected cluster and report, per artifact, ran | cached | joined.
 
-Used by `a4ray stage -f`, by pipelines (their `stage` step) and from notebooks. Each artifact becomes one
-request to the cluster's staging service (one Ray task per artifact, exactly once per target); the driver
-shows their progress until all are done, then returns a `StageResult` or raises `StagingFailed` with it.
+The `Staging` job (`kind: stage`, and `a4ray stage -f` of any spec that lists artifacts) and the pipelines'
+stage step call it. Each artifact becomes one request to the cluster's staging service (one Ray task per
+artifact, exactly once per target); the driver shows their progress until all are done, then returns a
+`StageResult` or raises `StagingFailed` with it.
 """
 
 from __future__ import annotations
@@ -14,40 +15,42 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import ray
-from pydantic import BaseModel
 
 from a4ray.core.console import say, table
-from a4ray.core.errors import StagingError, StagingFailed
-from a4ray.runtime.connect import connect
-from a4ray.runtime.signals import sigterm_as_interrupt
+from a4ray.core.errors import SpecError, StagingError, StagingFailed
+from a4ray.core.results import Result
+from a4ray.core.rundir import RunDir
+from a4ray.runtime.connect import Connection, attached
 from a4ray.spec.artifacts import ArtifactSpec, Staged, StagingOptions
 from a4ray.spec.cluster import ClusterSpec, StorageSpec
 from a4ray.spec.job import JobSpec
 from a4ray.staging.display import Display, human_bytes
 from a4ray.staging.service import get_service
+from a4ray.staging.sources import source_for
 from a4ray.staging.task import ArtifactOutcome, StageRequest
 
 _SERVICE_RETRIES = 3  # new staging services to try when one dies under us (each resumes the partial downloads)
 
 
-class StageResult(BaseModel):
-    ok: bool
+class StageResult(Result):
+    kind: str = "stage"
     workspace: str
     duration_s: float
     artifacts: list[ArtifactOutcome]
+
+    @classmethod
+    def of(cls, workspace: str, duration_s: float, artifacts: list[ArtifactOutcome]) -> StageResult:
+        ok = all(a.status != "failed" for a in artifacts)
+        counts = {s: sum(a.status == s for a in artifacts) for s in ("ran", "joined", "cached", "failed")}
+        summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        verdict = f"{'OK' if ok else 'FAILED'}: {len(artifacts)} artifact(s) ({summary}) in {duration_s:.1f}s"
+        return cls(ok=ok, verdict=verdict, workspace=workspace, duration_s=duration_s, artifacts=artifacts)
 
     def table(self) -> str:
         rows = [[a.name, a.status, human_bytes(a.bytes) if a.status != "failed" else "-",
                  human_bytes(a.fetched_bytes) if a.status == "ran" else "-", f"{a.duration_s:.2f}s",
                  a.target] for a in self.artifacts]
         return table("staged artifacts", ["artifact", "status", "size", "fetched", "time", "target"], rows)
-
-    @property
-    def verdict(self) -> str:
-        counts = {s: sum(a.status == s for a in self.artifacts) for s in ("ran", "joined", "cached", "failed")}
-        summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-        return (f"{'OK' if self.ok else 'FAILED'}: {len(self.artifacts)} artifact(s) ({summary}) in "
-                f"{self.duration_s:.1f}s")
 
 
 def resolve_target(workspace: Path, target: str) -> Path:
@@ -63,14 +66,49 @@ def _absolute_source(artifact: ArtifactSpec) -> ArtifactSpec:
     return artifact
 
 
+class Staging:
+    """The staging job: every artifact of a spec that lists them (`kind: stage`, or a recipe's stage step
+    run alone with `a4ray stage -f`), or only the ones named, into the workspace or `workspace`."""
+
+    cancel_note = " (partial downloads are kept and resumed by the next run)"
+
+    def __init__(self, spec: JobSpec, *, only: Sequence[str] = (), workspace: str | None = None):
+        self.spec, self.only, self.workspace = spec, list(only), workspace
+
+    def check(self) -> None:
+        spec = self.spec
+        if not isinstance(spec, Staged):
+            raise SpecError(spec.source, [f"kind: a {spec.kind!r} job stages nothing (no artifacts: section)"],
+                            hint="pass a stage spec or a recipe, e.g. jobs/qwen3_next.yaml")
+        if not spec.artifacts:
+            raise SpecError(spec.source, ["artifacts: nothing to stage"],
+                            hint="pass -f with a stage spec that lists artifacts, e.g. jobs/qwen3_next_local.yaml")
+        _chosen(spec.artifacts, self.only)
+
+    def plan(self, workspace: str | None = None) -> str:
+        return plan(self.spec)
+
+    def run(self, conn: Connection, run_dir: RunDir) -> StageResult:
+        return stage(self.spec, workspace=self.workspace, only=self.only)
+
+
+def _chosen(artifacts: Sequence[ArtifactSpec], only: Sequence[str]) -> list[ArtifactSpec]:
+    unknown = set(only) - {a.name for a in artifacts}
+    if unknown:
+        raise StagingError(", ".join(sorted(unknown)), "no such artifact in the spec (known: "
+                           + ", ".join(a.name for a in artifacts) + ")")
+    return [a for a in artifacts if not only or a.name in only]
+
+
 def stage(spec: JobSpec | Sequence[ArtifactSpec], *, workspace: str | Path | None = None,
-          options: StagingOptions | None = None, only: Sequence[str] = (), address: str | None = None,
-          local_nodes: int | None = None, display: Display | None = None) -> StageResult:
-    """Stage the artifacts of `spec` (any job that includes `Staged`) or a list of artifacts.
+          options: StagingOptions | None = None, only: Sequence[str] = (),
+          display: Display | None = None) -> StageResult:
+    """Stage the artifacts of `spec` (any job that includes `Staged`) or a list of artifacts, on the cluster
+    this process is connected to (a job's driver, a notebook after `a4ray.connect()`).
 
     `workspace` overrides where targets are resolved (default: the spec's shared workspace on a real
-    cluster, its local workspace on an embedded one). Connects like every a4ray job (an existing Ray
-    session is reused). Raises `StagingFailed` (with `.result`) if any artifact failed.
+    cluster, its local workspace on a simulated one). Raises `StagingFailed` (with `.result`) if any
+    artifact failed.
     """
     if isinstance(spec, JobSpec):
         if not isinstance(spec, Staged):
@@ -81,27 +119,20 @@ def stage(spec: JobSpec | Sequence[ArtifactSpec], *, workspace: str | Path | Non
     else:
         artifacts, options = list(spec), options or StagingOptions()
         cluster, storage, job, timeout_s = ClusterSpec(nodes=1), StorageSpec(), "stage", None
-    if only:
-        unknown = set(only) - {a.name for a in artifacts}
-        if unknown:
-            raise StagingError(", ".join(sorted(unknown)), "no such artifact in the spec (known: "
-                               + ", ".join(a.name for a in artifacts) + ")")
-        artifacts = [a for a in artifacts if a.name in only]
+    artifacts = _chosen(artifacts, only)
     started = time.monotonic()
     if not artifacts:
-        return StageResult(ok=True, workspace=str(workspace or ""), duration_s=0.0, artifacts=[])
-    with connect(address, cluster=cluster, local_nodes=local_nodes) as conn:
-        root = Path(workspace).resolve() if workspace else conn.workspace(storage.workspace, storage.local_workspace)
-        if conn.simulated:  # every simulated node shares this machine's disk: the workspace is ours to create
-            root.mkdir(parents=True, exist_ok=True)
-        requests = [StageRequest(artifact=_absolute_source(a), options=options, workspace=str(root), job=job,
-                                 target=str(resolve_target(root, a.target))) for a in artifacts]
-        if cluster.nodes > 1:
-            check_shared(root, options, job_nodes=cluster.nodes)
-        with sigterm_as_interrupt():  # after ray.init, which installs a SIGTERM handler of its own
-            outcomes = run_requests(requests, display or Display(), timeout_s=timeout_s)
-    result = StageResult(ok=all(o.status != "failed" for o in outcomes), workspace=str(root),
-                         duration_s=time.monotonic() - started, artifacts=outcomes)
+        return StageResult.of(str(workspace or ""), 0.0, [])
+    conn = attached()
+    root = Path(workspace).resolve() if workspace else conn.workspace(storage)
+    if conn.simulated:  # every simulated node shares this machine's disk: the workspace is ours to create
+        root.mkdir(parents=True, exist_ok=True)
+    requests = [StageRequest(artifact=_absolute_source(a), options=options, workspace=str(root), job=job,
+                             target=str(resolve_target(root, a.target))) for a in artifacts]
+    if cluster.nodes > 1:
+        check_shared(root, options, job_nodes=cluster.nodes)
+    outcomes = run_requests(requests, display or Display(), timeout_s=timeout_s)
+    result = StageResult.of(str(root), time.monotonic() - started, outcomes)
     if not result.ok:
         failures = [o for o in outcomes if o.status == "failed"]
         raise StagingFailed("\n".join(o.error or f"artifact {o.name!r} failed" for o in failures), result=result)
@@ -236,8 +267,6 @@ def check_shared(workspace: Path, options: StagingOptions, *, job_nodes: int) ->
 
 def plan(spec: JobSpec) -> str:
     """What `stage(spec)` would do, from the spec alone (no cluster, no network): for --dry-run."""
-    from a4ray.staging.sources import source_for
-
     assert isinstance(spec, Staged)
     o = spec.staging
     token = (f"token from {o.token_file} on the nodes" if o.token_file else

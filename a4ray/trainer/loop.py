@@ -25,9 +25,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from a4ray.programs.distributed import exit_distributed, init_distributed
 from a4ray.trainer import checkpoint
 from a4ray.trainer.batches import IGNORE, Batches, SFTRecords, TokenWindows
-from a4ray.programs.distributed import exit_distributed, init_distributed
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m a4ray.trainer", description=__doc__)
@@ -37,7 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--save", required=True, help="checkpoint directory")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--global-batch", type=int, default=0, help="default: micro batch x data-parallel size")
+    p.add_argument("--global-batch", type=int, required=True, help="a multiple of micro batch x ranks (the spec "
+                   "resolves and checks it: RecipeJob.global_batch)")
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-4)
@@ -108,11 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     device, backend = setup(args)
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    args.global_batch = args.global_batch or args.micro_batch * world
-    if args.global_batch % (args.micro_batch * world):
-        print(f"a4ray.trainer: --global-batch {args.global_batch} is not a multiple of --micro-batch "
-              f"{args.micro_batch} x {world} ranks", file=sys.stderr, flush=True)
-        return 2
     save = Path(args.save)
     # What a resumed run must share with its checkpoint (the iteration count may grow: training goes on).
     config = {"model": str(Path(args.model).resolve()), "mode": args.mode, "data": str(Path(args.data).resolve()),

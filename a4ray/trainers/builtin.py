@@ -10,13 +10,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from a4ray.core.console import table
-from a4ray.core.errors import SpecError
 from a4ray.core.results import axes
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.recipes import RecipeJob
 from a4ray.trainer.checkpoint import latest
-from a4ray.workloads.workload import Workload, WorkloadResult
+from a4ray.trainers.interface import Trainer
 from a4ray.workloads.torchrun import torchrun
+from a4ray.workloads.workload import WorkloadResult
 
 
 class TorchTrainResult(WorkloadResult):
@@ -55,31 +55,41 @@ class TorchTrainResult(WorkloadResult):
         return ax
 
 
-class TorchTrain(Workload[RecipeJob]):
-    kind = "torch"
+class TorchTrain(Trainer):
+    name = kind = "torch"
 
-    def __init__(self, spec: RecipeJob, *, workspace: str):
-        super().__init__(spec)
+    def __init__(self, spec: RecipeJob, *, workspace: str, checkpoint: str = ""):
+        super().__init__(spec, workspace=workspace, checkpoint=checkpoint)
         t, at = spec.train, spec.on_nodes
         self.model, self.data = at(workspace, t.model), at(workspace, t.data)
-        self.output = at(workspace, spec.train_output)
+
+    def runs(self) -> str:
+        return "a4ray's built-in trainer: torchrun of a4ray.trainer on every node (DDP)"
 
     @property
     def save_dir(self) -> str:
         return str(PurePosixPath(self.output) / "checkpoint")
 
-    def check(self) -> None:
-        t, c = self.spec.train, self.spec.cluster
-        problems = []
+    @property
+    def checkpoints(self) -> str:
+        return self.save_dir
+
+    def problems(self) -> list[str]:
+        t = self.spec.train
         if t.mode == "sft" and t.sft_data == "mmap":
-            problems.append("train.sft_data=mmap: the built-in trainer reads SFT from JSON (train.sft_data=json)")
-        world = c.world_size
-        gbs = t.global_batch_size or t.micro_batch_size * world
-        if gbs % (t.micro_batch_size * world):
-            problems.append(f"train.global_batch_size={gbs} must be a multiple of train.micro_batch_size x ranks = "
-                            f"{t.micro_batch_size} x {world} (the built-in trainer is data-parallel only)")
-        if problems:
-            raise SpecError(self.spec.source, problems)
+            return ["train.sft_data=mmap: the built-in trainer reads SFT from JSON (train.sft_data=json)"]
+        return []
+
+    def conversion_skipped(self) -> str | None:
+        backend = self.spec.convert.backend
+        if backend != "native":
+            return ("the built-in trainer trains from the Hugging Face checkpoint (train.model); with "
+                    f"train.trainer=pai this step runs the {backend} converter")
+        return None
+
+    def outputs(self, result: WorkloadResult) -> dict[str, str]:
+        checkpoint = getattr(result, "checkpoint", "")
+        return {**super().outputs(result), **({"checkpoint": checkpoint} if checkpoint else {})}
 
     def inputs(self) -> dict[str, str]:
         t = self.spec.train
@@ -99,9 +109,7 @@ class TorchTrain(Workload[RecipeJob]):
                 "--min-lr", f"{t.min_lr:g}", "--weight-decay", f"{o.weight_decay:g}", "--grad-clip", f"{o.grad_clip:g}",
                 "--save-interval", str(t.save_interval), "--log-interval", str(t.log_interval),
                 "--keep", str(o.keep_checkpoints), "--seed", str(o.seed), "--backend", o.backend,
-                "--precision", o.precision]
-        if t.global_batch_size:
-            args += ["--global-batch", str(t.global_batch_size)]
+                "--precision", o.precision, "--global-batch", str(self.spec.global_batch)]
         if o.num_layers:
             args += ["--num-layers", str(o.num_layers)]
         if o.threads:

@@ -24,12 +24,13 @@ import shlex
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from a4ray.core.errors import SpecError
+from a4ray.convert.backends import pai_contract_env
 from a4ray.observe.progress import parse_progress
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.recipes import RecipeJob
 from a4ray.spec.train import TrainSpec
-from a4ray.workloads.workload import Workload, WorkloadResult
+from a4ray.trainers.interface import Trainer
+from a4ray.workloads.workload import WorkloadResult
 
 ARG_NAMES = (
     "ENV", "MODEL_SIZE", "BATCH_SIZE", "GLOBAL_BATCH_SIZE", "LR", "MIN_LR", "SEQ_LEN", "PAD_LEN", "PR",
@@ -77,27 +78,12 @@ PAI_SCRIPTS = {
 }
 
 
-def pai_contract_env(node: NodeContext) -> dict[str, str]:
-    """The PAI-DLC launch contract Pai's run and conversion scripts read in `dlc` mode."""
-    return {"WORLD_SIZE": str(node.nnodes), "RANK": str(node.rank), "KUBERNETES_CONTAINER_RESOURCE_GPU": str(node.gpus),
-            "MASTER_ADDR": str(node.master_addr), "MASTER_PORT": str(node.master_port)}
-
-
 def _bool(value: bool) -> str:
     return "true" if value else "false"
 
 
 def _number(value: float) -> str:
     return f"{value:g}"
-
-
-def data_parallel(spec: RecipeJob) -> int:
-    return max(1, spec.cluster.world_size // spec.train.pai.parallel.model_parallel)
-
-
-def global_batch(spec: RecipeJob) -> int:
-    t = spec.train
-    return t.global_batch_size or t.micro_batch_size * data_parallel(spec)
 
 
 def script_of(spec: RecipeJob) -> PaiScript | None:
@@ -117,8 +103,9 @@ def dataset_type(t: TrainSpec) -> str:
 
 
 def check(spec: RecipeJob) -> list[str]:
-    """What the script, Megatron or Transformer Engine would reject, each naming the field to change."""
-    t, c = spec.train, spec.cluster
+    """What the script, Megatron or Transformer Engine would reject, beyond the batch and parallelism check
+    every trainer runs (`RecipeJob.batch_problems`), each naming the field to change."""
+    t = spec.train
     p = t.pai
     par = p.parallel
     problems: list[str] = []
@@ -128,19 +115,6 @@ def check(spec: RecipeJob) -> list[str]:
     model = script.sizes.get(p.model_size)
     if model is None:
         return [f"train.pai.model_size={p.model_size!r}: {p.script} defines {', '.join(script.sizes)}"]
-    world = c.world_size
-    if world % par.model_parallel:
-        problems.append(f"train.pai.parallel: tp*pp*cp = {par.tp}*{par.pp}*{par.cp} = {par.model_parallel} does not "
-                        f"divide the {world} GPUs of cluster.nodes={c.nodes} x cluster.gpus_per_node={c.gpus_per_node}")
-    else:
-        dp = world // par.model_parallel
-        gbs = global_batch(spec)
-        if gbs % (t.micro_batch_size * dp):
-            problems.append(f"train.global_batch_size={gbs} must be a multiple of train.micro_batch_size x "
-                            f"data-parallel size = {t.micro_batch_size} x {dp} (data-parallel = {world} GPUs / "
-                            f"(tp*pp*cp = {par.model_parallel}))")
-    if world % (par.etp * par.ep * par.pp):
-        problems.append(f"train.pai.parallel: etp*ep*pp = {par.etp}*{par.ep}*{par.pp} does not divide the {world} GPUs")
     if model.experts and model.experts % par.ep:
         problems.append(f"train.pai.parallel.ep={par.ep} does not divide the {model.experts} experts of "
                         f"{p.model_size}")
@@ -149,8 +123,6 @@ def check(spec: RecipeJob) -> list[str]:
     for name, count in (("attention heads", model.heads), ("query groups", model.kv_groups)):
         if count % par.tp:
             problems.append(f"train.pai.parallel.tp={par.tp} does not divide the {count} {name} of {p.model_size}")
-    if par.cp > 1 and t.seq_len % (2 * par.cp):
-        problems.append(f"train.seq_len={t.seq_len} must be a multiple of 2 x train.pai.parallel.cp = {2 * par.cp}")
     problems += _layer_checks(spec, model)
     if p.optimizer_offload is not None and not p.distributed_optimizer:
         problems.append(f"train.pai.optimizer_offload={p.optimizer_offload:g} needs train.pai.distributed_optimizer="
@@ -244,7 +216,7 @@ def pai_args(spec: RecipeJob, paths: PaiPaths) -> list[tuple[str, str]]:
     """The 27 positional arguments, (name, value) in the script's order."""
     t = spec.train
     p, par = t.pai, t.pai.parallel
-    gbs = global_batch(spec)
+    gbs = spec.global_batch
     if t.mode == "pretrain":  # the script counts pretraining in tokens: iterations = tokens / GBS / SEQ_LEN
         length = (t.iterations * gbs * t.seq_len, t.warmup_iterations * gbs * t.seq_len)
     else:
@@ -295,19 +267,26 @@ class PaiTrainResult(WorkloadResult):
     checkpoint_dir: str = ""
 
 
-class PaiTrain(Workload[RecipeJob]):
+class PaiTrain(Trainer):
     """The train step with trainer `pai`: every node runs the run script with the DLC contract."""
 
-    kind = "pai"
+    name = kind = "pai"
+    checks_model = True
 
-    def __init__(self, spec: RecipeJob, *, workspace: str, load: str):
-        super().__init__(spec)
-        self.paths = PaiPaths.resolve(spec, workspace, load)
+    def __init__(self, spec: RecipeJob, *, workspace: str, checkpoint: str = ""):
+        super().__init__(spec, workspace=workspace, checkpoint=checkpoint)
+        self.paths = PaiPaths.resolve(spec, workspace, self.checkpoint)
 
-    def check(self) -> None:
-        problems = check(self.spec)
-        if problems:
-            raise SpecError(self.spec.source, problems)
+    def runs(self) -> str:
+        return (f"Pai-Megatron-Patch {self.spec.train.pai.script} on every node (bash; the script starts torchrun "
+                "per node)")
+
+    def problems(self) -> list[str]:
+        return check(self.spec)
+
+    def check_model(self, config: dict, where: str) -> list[str]:
+        model = model_of(self.spec)
+        return check_hf_config(config, model, self.spec, where) if model else []
 
     @property
     def script_dir(self) -> str:
@@ -316,6 +295,17 @@ class PaiTrain(Workload[RecipeJob]):
     @property
     def checkpoint_dir(self) -> str:
         return str(PurePosixPath(self.paths.output) / "checkpoint" / run_name(self.spec))
+
+    @property
+    def checkpoints(self) -> str:
+        return self.checkpoint_dir
+
+    def plan_lines(self) -> list[str]:
+        return ["run_mcore_qwen3.sh arguments:", *(f"  {line}" for line in self.describe()),
+                f"checkpoints: {self.checkpoint_dir}"]
+
+    def outputs(self, result: WorkloadResult) -> dict[str, str]:
+        return {**super().outputs(result), "checkpoints": self.checkpoint_dir}
 
     def inputs(self) -> dict[str, str]:
         """What must exist on the nodes before launching, by what it is."""

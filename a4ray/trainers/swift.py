@@ -19,11 +19,12 @@ Sources: ../shared/research/workloads.md 2.1-2.2, ms-swift's tags v3.8.0, v3.12.
 
 from __future__ import annotations
 
-from a4ray.core.errors import SpecError
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
+from a4ray.spec.conversion import ConvertSpec
 from a4ray.spec.recipes import RecipeJob
 from a4ray.spec.train import SwiftTrainSpec
-from a4ray.workloads.workload import Workload, WorkloadResult
+from a4ray.trainers.interface import Trainer
+from a4ray.workloads.workload import WorkloadResult
 
 
 def version(text: str) -> tuple[int, ...]:
@@ -40,7 +41,8 @@ def _flag(value: bool) -> str:
 
 
 def check(spec: RecipeJob) -> list[str]:
-    t, c = spec.train, spec.cluster
+    """What this ms-swift version would reject, beyond the batch and parallelism check every trainer runs."""
+    t = spec.train
     par, v, problems = t.parallel, version(t.version), []
     if v < (3, 6):
         problems.append(f"train.version={t.version}: `megatron rlhf` (DPO) exists from ms-swift 3.6")
@@ -48,20 +50,6 @@ def check(spec: RecipeJob) -> list[str]:
         problems.append(f"train.packing=true: ms-swift {t.version} has no DPO packing (from 3.8); set it false")
     if par.etp != 1 and v < (3, 7):
         problems.append(f"train.parallel.etp={par.etp}: ms-swift {t.version} has no --expert_tensor_parallel_size")
-    world = c.world_size
-    if world % par.model_parallel:
-        problems.append(f"train.parallel: tp*pp*cp = {par.model_parallel} does not divide the {world} GPUs of "
-                        f"cluster.nodes={c.nodes} x cluster.gpus_per_node={c.gpus_per_node}")
-    else:
-        dp = world // par.model_parallel
-        if t.global_batch_size % (t.micro_batch_size * dp):
-            problems.append(f"train.global_batch_size={t.global_batch_size} must be a multiple of "
-                            f"train.micro_batch_size x data-parallel size = {t.micro_batch_size} x {dp} "
-                            f"(data-parallel = {world} GPUs / (tp*pp*cp = {par.model_parallel}))")
-    if world % (par.etp * par.ep * par.pp):
-        problems.append(f"train.parallel: etp*ep*pp = {par.etp}*{par.ep}*{par.pp} does not divide the {world} GPUs")
-    if par.cp > 1 and t.max_length % (2 * par.cp):
-        problems.append(f"train.max_length={t.max_length} must be a multiple of 2 x train.parallel.cp")
     if t.load.strip() and not trains_from_mcore(t):
         problems.append(f"train.load: ms-swift {t.version} trains from the HF weights (train.model); --load is "
                         "for < 3.12 (use train.extra_args with --mcore_model to resume an mcore checkpoint)")
@@ -106,7 +94,7 @@ def swift_args(spec: RecipeJob, workspace: str, load: str) -> list[str]:
     argv += ["--moe_permute_fusion", _flag(t.moe_permute_fusion), "--moe_grouped_gemm", _flag(t.moe_grouped_gemm),
              "--moe_shared_expert_overlap", _flag(t.moe_shared_expert_overlap),
              "--moe_aux_loss_coeff", f"{t.moe_aux_loss_coeff:g}",
-             "--micro_batch_size", str(t.micro_batch_size), "--global_batch_size", str(t.global_batch_size)]
+             "--micro_batch_size", str(t.micro_batch_size), "--global_batch_size", str(spec.global_batch)]
     if t.recompute != "none":
         argv += ["--recompute_granularity", t.recompute]
         if t.recompute == "full":
@@ -158,27 +146,40 @@ def swift_env(spec: RecipeJob, node: NodeContext, workspace: str) -> dict[str, s
     return {**env, **t.env}
 
 
-class SwiftTrain(Workload[RecipeJob]):
-    kind = "swift"
+class SwiftTrain(Trainer):
+    name = kind = "swift"
+    checks_model = True
 
-    def __init__(self, spec: RecipeJob, *, workspace: str, load: str):
-        super().__init__(spec)
-        self.workspace, self.load = workspace, load
+    def runs(self) -> str:
+        return (f"ms-swift {self.spec.train.version} `megatron rlhf --rlhf_type dpo` on every node (its launcher "
+                "starts torchrun)")
 
-    def check(self) -> None:
-        problems = check(self.spec)
-        if problems:
-            raise SpecError(self.spec.source, problems)
+    def problems(self) -> list[str]:
+        return check(self.spec)
+
+    def conversion_skipped(self) -> str | None:
+        t = self.spec.train
+        if not trains_from_mcore(t):
+            return f"ms-swift {t.version} trains from the Hugging Face weights (--model): no offline conversion"
+        return None
+
+    def convert_section(self, section: ConvertSpec) -> ConvertSpec:
+        # One ms-swift in the image: the trainer's version converts too.
+        swift = section.swift.model_copy(update={"version": self.spec.train.version})
+        return section.model_copy(update={"swift": swift})
+
+    def check_model(self, config: dict, where: str) -> list[str]:
+        return check_hf_config(config, self.spec, where)
 
     def inputs(self) -> dict[str, str]:
         t, at = self.spec.train, self.spec.on_nodes
         if trains_from_mcore(t):
-            load = at(self.workspace, t.load or self.load)
+            load = at(self.workspace, t.load or self.checkpoint)
             return {"the mcore checkpoint (train.load / convert)": f"{load}/latest_checkpointed_iteration.txt"}
         return {"the HF checkpoint's config.json (train.model)": f"{at(self.workspace, t.model)}/config.json"}
 
     def launch(self, node: NodeContext) -> Launch:
-        return Launch(argv=swift_args(self.spec, self.workspace, self.load),
+        return Launch(argv=swift_args(self.spec, self.workspace, self.checkpoint),
                       env=swift_env(self.spec, node, self.workspace), cwd=self.workspace)
 
     def result(self, gang: GangResult) -> WorkloadResult:

@@ -10,8 +10,8 @@ from a4ray.core.console import table
 from a4ray.core.results import axes
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.ddp import DDPTestJob
-from a4ray.workloads.workload import Workload, WorkloadResult, workload
 from a4ray.workloads.torchrun import torchrun
+from a4ray.workloads.workload import Workload, WorkloadResult
 
 
 class DDPRank(BaseModel):
@@ -57,7 +57,6 @@ class DDPTestResult(WorkloadResult):
         return ax
 
 
-@workload
 class DDPTest(Workload[DDPTestJob]):
     kind = "ddp_test"
 

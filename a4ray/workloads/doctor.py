@@ -23,10 +23,17 @@ import ray
 from pydantic import BaseModel
 
 from a4ray.core.console import say, table
+from a4ray.core.rundir import RunDir
+from a4ray.observe.stacks import dump, py_spy
+from a4ray.runtime.connect import Connection
+from a4ray.runtime.gang import Gang
+from a4ray.runtime.launch import Launch, NodeContext
 from a4ray.spec.cluster import NetworkSpec
 from a4ray.spec.job import JobSpec
+from a4ray.spec.nccl import NcclTestJob
 from a4ray.spec.resilience import DoctorSpec
-from a4ray.workloads.workload import WorkloadResult
+from a4ray.workloads.network_test import NcclTest
+from a4ray.workloads.workload import Workload, WorkloadResult
 
 Status = Literal["ok", "warn", "fail", "n/a"]
 PROBE_DIR = ".a4ray-doctor"
@@ -46,8 +53,11 @@ class DoctorResult(WorkloadResult):
     checks: list[Check] = []
 
     def table(self) -> str:
+        """One row per node and check, then each failure with its fix."""
         rows = [[c.node if c.node is not None else "all", c.host, c.name, c.status, c.detail] for c in self.checks]
-        return table("a4ray doctor", ["node", "host", "check", "status", "detail"], rows)
+        fixes = [f"node {c.node} ({c.host}) {c.name}: {c.detail}" + (f"\n  fix: {c.fix}" if c.fix else "")
+                 for c in self.failures]
+        return "\n".join([table("a4ray doctor", ["node", "host", "check", "status", "detail"], rows), *fixes])
 
     @property
     def failures(self) -> list[Check]:
@@ -139,8 +149,6 @@ def _disk(workspace: str, min_gb: float) -> tuple[Status, str, str]:
 
 
 def _py_spy() -> tuple[Status, str, str]:
-    from a4ray.observe.stacks import dump, py_spy
-
     if py_spy() is None:
         return "warn", "py-spy not installed: a hang would be reported without stacks", "pip install py-spy"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -192,14 +200,23 @@ def now() -> float:
 # ------------------------------------------------------------------------------- the gang
 
 
-def doctor(spec: JobSpec, *, address: str | None = None, local_nodes: int | None = None) -> DoctorResult:
-    """Place the gang of `spec` and check every node; returns the table and the verdict."""
-    from a4ray.runtime.connect import connect
-    from a4ray.runtime.gang import Gang
+class Doctor(Workload[JobSpec]):
+    """The doctor as a job: the gang of any job spec, placed once (never restarted), and every node checked."""
 
-    with connect(address, cluster=spec.cluster, local_nodes=local_nodes) as conn:
-        workspace = conn.workspace(spec.storage.workspace, spec.storage.local_workspace)
-        with Gang(spec, log_dir=str(workspace / PROBE_DIR / "logs")) as gang:
+    kind = "doctor"
+
+    def plan(self, workspace: str | None = None) -> str:
+        c = self.spec.cluster
+        return (f"a4ray doctor on {c.nodes} node(s) x {c.gpus_per_node} GPU(s) of the gang of {self.spec.name!r}: "
+                "GPUs, gIB, RDMA, /dev/shm, disk, py-spy, shared workspace, clocks"
+                + (", then a short all-reduce" if self.spec.doctor.network else ""))
+
+    def launch(self, node: NodeContext) -> Launch:
+        raise RuntimeError("the doctor calls its checks on the node actors; it launches no command")
+
+    def run(self, conn: Connection, run_dir: RunDir, *, log_dir: Path | None = None) -> DoctorResult:
+        workspace = conn.workspace(self.spec.storage)
+        with Gang(self.spec, log_dir=str(log_dir or run_dir.logs), run_dir=str(run_dir.root)) as gang:
             gang.start()
             return check_gang(gang, str(workspace), simulated=conn.simulated)
 
@@ -281,9 +298,6 @@ def _clock_skew(gang, hosts: list[str], max_skew_s: float) -> list[Check]:
 def _network(gang) -> Check:
     """A short all-reduce over the whole gang with the nccl_test workload: NCCL's transport between nodes
     (gIB/IB expected, a socket fallback fails) and busbw against nccl_test's all_reduce thresholds."""
-    from a4ray.spec.nccl import NcclTestJob
-    from a4ray.workloads.network_test import NcclTest
-
     spec = gang.spec
     size = spec.doctor.network_bytes
     probe = NcclTestJob.model_validate({
@@ -299,7 +313,6 @@ def _network(gang) -> Check:
 
 
 def report(result: DoctorResult) -> None:
+    """The table, each failure with its fix, and the verdict: what the preflight step prints."""
     print(result.table(), flush=True)
-    for c in result.failures:
-        say(f"node {c.node} ({c.host}) {c.name}: {c.detail}" + (f"\n  fix: {c.fix}" if c.fix else ""))
     say(result.verdict)

@@ -6,10 +6,11 @@ so a plain script can start its own per-node launcher; with `torchrun: true` a4r
 
 from __future__ import annotations
 
+from a4ray.core.results import register_result
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.command import CommandJob
-from a4ray.workloads.workload import Workload, WorkloadResult, workload
 from a4ray.workloads.torchrun import torchrun
+from a4ray.workloads.workload import Workload, WorkloadResult
 
 
 def contract_env(node: NodeContext) -> dict[str, str]:
@@ -17,7 +18,6 @@ def contract_env(node: NodeContext) -> dict[str, str]:
             "MASTER_ADDR": str(node.master_addr), "MASTER_PORT": str(node.master_port)}
 
 
-@workload
 class Command(Workload[CommandJob]):
     kind = "command"
 
@@ -34,3 +34,6 @@ class Command(Workload[CommandJob]):
         verdict = (f"PASS: {len(gang.nodes)} node(s) exited 0" if gang.ok
                    else f"FAIL: {(gang.failure or '').splitlines()[0]} ({codes})")
         return WorkloadResult(kind=self.kind, ok=gang.ok, verdict=verdict, gang=gang)
+
+
+register_result(WorkloadResult, Command.kind)  # a command's result is the gang's, node by node

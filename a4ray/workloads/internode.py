@@ -10,15 +10,14 @@ node 0 with one rank per node (the seeds' way) or by each node actor directly.
 
 from __future__ import annotations
 
-
 from a4ray.core.console import table, warn
 from a4ray.core.errors import SpecError
-from a4ray.runtime.mpirun import mpi_launch
 from a4ray.parsers import deepep_log as deepep
 from a4ray.runtime.gang import Gang
 from a4ray.runtime.launch import Launch, NodeContext
+from a4ray.runtime.mpirun import mpi_launch
 from a4ray.spec.deepep import DeepEPJob
-from a4ray.workloads.workload import Workload, WorkloadResult, run_launch, workload
+from a4ray.workloads.workload import Workload, WorkloadResult, run_launch
 
 # Under mpirun: refuse to start where MPI's rank order and the gang's differ, rather than hang in
 # DeepEP's rendezvous; then RANK = the MPI rank = the node's rank.
@@ -48,7 +47,6 @@ class DeepEPResult(WorkloadResult):
                      ["node", "passed", "layout ms", *(f"{n} GB/s RDMA / NVL" for n in _BEST), ""], rows)
 
 
-@workload
 class DeepEPTest(Workload[DeepEPJob]):
     kind = "deepep_test"
 

@@ -19,17 +19,17 @@ from pydantic import BaseModel
 
 from a4ray.core.console import say, table
 from a4ray.core.errors import ToolMissing
-from a4ray.runtime.mpirun import mpi_launch
+from a4ray.core.results import axes
 from a4ray.parsers import nccl_debug, nccl_tests
 from a4ray.parsers.nccl_tests import PerfRun
 from a4ray.runtime.gang import Gang
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
-from a4ray.core.results import axes
-from a4ray.runtime.simulated import SIMULATED_LABEL
+from a4ray.runtime.mpirun import mpi_launch
 from a4ray.runtime.node_actor import Line
+from a4ray.runtime.simulated import SIMULATED_LABEL
 from a4ray.spec.nccl import NcclTestJob, format_size
-from a4ray.workloads.workload import Plan, Workload, WorkloadResult, run_launch, workload
 from a4ray.workloads.torchrun import torchrun
+from a4ray.workloads.workload import Plan, Workload, WorkloadResult, run_launch
 
 
 class CollectiveResult(BaseModel):
@@ -151,7 +151,6 @@ class _Lines:
             self.info.append(line.text)
 
 
-@workload
 class NcclTest(Workload[NcclTestJob]):
     kind = "nccl_test"
 
@@ -193,7 +192,7 @@ class NcclTest(Workload[NcclTestJob]):
             return self.torch_launch(node)
         return self.nccl_tests_launch(node, self.spec.nccl.collectives[0])
 
-    def plan(self) -> Plan:
+    def plan(self, workspace: str | None = None) -> Plan:
         plan = super().plan()
         n = self.spec.nccl
         if self.implementation == "nccl-tests":

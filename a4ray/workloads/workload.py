@@ -1,48 +1,31 @@
-"""What a node runs. A workload = a command builder (per node) + an output parser + a typed result."""
+"""What the nodes of a gang run. A workload = a command builder (per node) + an output parser + a typed
+result; `Workload.run` is the attempt loop: the workload on a fresh gang, again after a failure as the
+restart policy allows."""
 
 from __future__ import annotations
 
 import shlex
+import time
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from a4ray.core.console import say
 from a4ray.core.errors import Cancelled, GangFailed
+from a4ray.core.redact import Redactor, secret_values
 from a4ray.core.results import Result
+from a4ray.core.rundir import RunDir
+from a4ray.observe import metrics
+from a4ray.runtime.connect import Connection
 from a4ray.runtime.gang import Gang
-from a4ray.runtime.netenv import describe_env_plan
 from a4ray.runtime.launch import GangResult, Launch, NodeContext, Peer
+from a4ray.runtime.netenv import describe_env_plan
+from a4ray.runtime.restart import should_retry
 from a4ray.spec.job import JobSpec
 
-if TYPE_CHECKING:
-    from a4ray.core.rundir import RunDir
-    from a4ray.runtime.connect import Connection
-
 S = TypeVar("S", bound=JobSpec)
-
-WORKLOADS: dict[str, type[Workload]] = {}
-
-
-# The modules that define workloads (each registers itself with @workload when imported).
-_MODULES = ("a4ray.workloads.generic", "a4ray.workloads.ddp_check", "a4ray.workloads.internode",
-            "a4ray.workloads.network_test", "a4ray.convert.converter")
-
-
-def registered() -> dict[str, type[Workload]]:
-    """Every workload by job kind."""
-    import importlib
-
-    for module in _MODULES:
-        importlib.import_module(module)
-    return WORKLOADS
-
-
-def workload(cls: type[Workload]) -> type[Workload]:
-    """Register a workload class for its job kind (so `a4ray.run(spec)` finds it)."""
-    WORKLOADS[cls.kind] = cls
-    return cls
 
 
 class WorkloadResult(Result):
@@ -74,8 +57,6 @@ class Plan(BaseModel):
     notes: list[str] = []
 
     def render(self) -> str:
-        from a4ray.core.redact import Redactor, secret_values
-
         lines = [f"plan for job {self.job!r} ({self.kind}): {len(self.nodes)} node(s)",
                  f"rank order: {self.rank_order}", "env layers (later wins):"]
         lines += [f"  {line}" for line in self.env]
@@ -94,6 +75,7 @@ class Plan(BaseModel):
 
 class Workload(ABC, Generic[S]):
     kind: ClassVar[str]
+    cancel_note: ClassVar[str] = ""  # what a cancelled run keeps (said after "cancelled")
 
     def __init__(self, spec: S):
         self.spec = spec
@@ -134,15 +116,33 @@ class Workload(ABC, Generic[S]):
             for rank in range(c.nodes)
         ]
 
-    def run_job(self, conn: Connection, run_dir: RunDir) -> WorkloadResult:
-        """The whole job on the connected cluster. The default: `execute` on a fresh gang, again after a
-        failure as `spec.restart` allows; a job that is not a gang launch (conversion: a cache check,
-        Ray tasks) overrides this."""
-        from a4ray.runner import run_attempts
+    def run(self, conn: Connection, run_dir: RunDir, *, log_dir: Path | None = None) -> WorkloadResult:
+        """The whole job on the connected cluster: `execute` on a fresh gang, and again on a fresh gang (a lost
+        node replaced by a free one) while `spec.restart` allows; each attempt gets `spec.timeout_s`. Logs go
+        to `log_dir` (default: the run directory's `logs/`). A job that is not a gang launch (conversion: a
+        cache check, Ray tasks) overrides this."""
+        spec, attempt = self.spec, 0
+        while True:
+            metrics.record_attempt(spec.name, run_dir.id, attempt)
+            if attempt:
+                note = self.resume_note()
+                say(f"attempt {attempt}/{spec.restart.max_restarts}: relaunching on a new gang"
+                    + (f"; {note}" if note else ""))
+            with Gang(spec, log_dir=str(log_dir or run_dir.logs), run_dir=str(run_dir.root), attempt=attempt) as gang:
+                result = self.execute(gang)
+            if result.gang is None:
+                return result
+            retry, why = should_retry(result.gang, spec.restart, attempt)
+            if not retry:
+                if spec.restart.max_restarts or attempt:
+                    say(f"not restarting: {why}")
+                return result
+            attempt += 1
+            say(f"restarting in {spec.restart.backoff_s:g}s: {why}")
+            time.sleep(spec.restart.backoff_s)
 
-        return run_attempts(self.spec, self, run_dir)
-
-    def plan(self) -> Plan:
+    def plan(self, workspace: str | None = None) -> Plan:
+        """What a launch would do, from the spec alone (nothing runs, no cluster): every node's command and env."""
         c = self.spec.cluster
         launches = [self.launch(ctx) for ctx in self.plan_contexts()]
         t = c.topology

@@ -33,7 +33,10 @@ class HfSource(Source):
 
     def _explain(self, error: Exception, token: str | None) -> Exception:
         from huggingface_hub.errors import (
-            GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError,
+            GatedRepoError,
+            HfHubHTTPError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
         )
 
         src = self.artifact.source
