@@ -1,28 +1,18 @@
-"""The `a4ray` command. Each subcommand lives with the feature it drives; this file only wires them."""
+"""The `a4ray` command. Each group of subcommands lives in `a4ray/commands/`; this file only wires them."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-# module: it defines `add_cli(subparsers)`, which adds its subcommand(s) with a `func(args) -> int`.
-SUBCOMMAND_MODULES = [
-    "a4ray.commands.run",
-    "a4ray.commands.convert",
-    "a4ray.commands.local",
-    "a4ray.commands.doctor",
-    "a4ray.commands.k8s",
-    "a4ray.commands.stage",
-    "a4ray.commands.network",
-]
+from a4ray.commands import jobs, kube, local
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="a4ray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in SUBCOMMAND_MODULES:
-        importlib.import_module(name).add_cli(sub)
+    for module in (jobs, local, kube):
+        module.add_cli(sub)
     return parser
 
 

@@ -6,11 +6,11 @@ parameters agree after N DDP steps, prints a per-rank table and one verdict; exi
 
 import sys
 
-from a4ray.entry import job_main
+from a4ray.driver import main as driver
 
 
 def main(argv: list[str] | None = None) -> int:
-    return job_main("ddp_test", argv, description=__doc__)
+    return driver.main("ddp_test", argv, description=__doc__)
 
 
 if __name__ == "__main__":

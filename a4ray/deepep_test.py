@@ -8,11 +8,11 @@ case passed on every node.
 
 import sys
 
-from a4ray.entry import job_main
+from a4ray.driver import main as driver
 
 
 def main(argv: list[str] | None = None) -> int:
-    return job_main("deepep_test", argv, description=__doc__)
+    return driver.main("deepep_test", argv, description=__doc__)
 
 
 if __name__ == "__main__":

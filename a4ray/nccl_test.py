@@ -6,15 +6,13 @@ table per collective, checks results, busbw against the spec's thresholds and th
 rather than TCP sockets, and exits 0 only if all passed. `--isolate` tests node pairs to name bad nodes.
 """
 
-import argparse
 import sys
 
-from a4ray.commands.network import add_nccl_options, run_nccl_test
+from a4ray.driver import main as driver
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = add_nccl_options(argparse.ArgumentParser(prog="python -m a4ray.nccl_test", description=__doc__))
-    return run_nccl_test(parser.parse_args(argv))
+    return driver.main("nccl_test", argv, description=__doc__)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,11 @@ stage (HF checkpoint, Pai's datasets, pinned Pai-Megatron-Patch) -> convert (Pai
 
 import sys
 
-from a4ray.pipeline.entry import pipeline_main
+from a4ray.driver import main as driver
 
 
 def main(argv: list[str] | None = None) -> int:
-    return pipeline_main("qwen3", argv, description=__doc__)
+    return driver.main("qwen3", argv, description=__doc__)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,11 @@ With no cluster: the same pipeline rehearsed on an embedded local cluster (jobs/
 
 import sys
 
-from a4ray.pipeline.entry import pipeline_main
+from a4ray.driver import main as driver
 
 
 def main(argv: list[str] | None = None) -> int:
-    return pipeline_main("qwen3_next", argv, description=__doc__)
+    return driver.main("qwen3_next", argv, description=__doc__)
 
 
 if __name__ == "__main__":

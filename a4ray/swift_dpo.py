@@ -6,11 +6,11 @@ stage (HF checkpoint) -> convert (`swift export --to_mcore`, for ms-swift < 3.12
 
 import sys
 
-from a4ray.pipeline.entry import pipeline_main
+from a4ray.driver import main as driver
 
 
 def main(argv: list[str] | None = None) -> int:
-    return pipeline_main("swift_dpo", argv, description=__doc__)
+    return driver.main("swift_dpo", argv, description=__doc__)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def baseline(files: list[Path], scratch: Path) -> float:
 
 
 def native(model: Path, scratch: Path, nodes: int, tasks_per_node: int, run: int) -> tuple[float, int]:
-    from a4ray.convert import convert
+    from a4ray.driver.execute import run as convert
     from a4ray.spec import load_job
 
     output = scratch / f"native-{nodes}-{run}"
@@ -89,7 +89,7 @@ def main() -> int:
     import ray
 
     from a4ray.runtime.connect import NAMESPACE
-    from a4ray.runtime.local import SimulatedCluster
+    from a4ray.runtime.simulated import SimulatedCluster
 
     work = Path(args.workdir)
     model = generate(work / "hf", argparse.Namespace(**{k: v for k, v in vars(args).items()

@@ -9,7 +9,7 @@ user code has run and the launch has returned", for `benchmarks/ddp_trivial.py` 
 every rank checks):
   (a) torchrun  N `python -m torch.distributed.run --nnodes N --node-rank i ...` processes started
                 directly (no Ray), from spawn to all exited 0
-  (b) gang      `a4ray.runner.run(spec)` of a `command` job (`torchrun: true`, 1 process per node) with
+  (b) gang      `a4ray.driver.execute.run(spec)` of a `command` job (`torchrun: true`, 1 process per node) with
                 the defaults, attached to this process's Ray session: run directory, placement group,
                 node actors, node facts, launch (each node's ranks started by a4ray's rank launcher with
                 torchrun's env contract), every rank's lines streamed through the driver, results, teardown
@@ -151,11 +151,12 @@ class _RayClock:
 @contextlib.contextmanager
 def gang_clock(marks: dict[str, float]):
     """Timestamps of the gang's phases, taken from outside a4ray (nothing in a4ray changes): around
-    Gang.start (and the waits inside it), _Supervisor.watch and Gang.close."""
+    Gang.start (and the waits inside it), Supervisor.watch and Gang.close."""
     import a4ray.runtime.gang as g
+    from a4ray.runtime.supervisor import Supervisor
 
     clock = _RayClock(g.ray, marks)
-    start, watch, close, emit = g.Gang.start, g._Supervisor.watch, g.Gang.close, g._Supervisor._emit
+    start, watch, close, emit = g.Gang.start, Supervisor.watch, g.Gang.close, Supervisor._emit
 
     def timed_start(self):
         marks.setdefault("start_in", time.monotonic())
@@ -181,18 +182,18 @@ def gang_clock(marks: dict[str, float]):
         marks["answers"] = marks.get("answers", 0) + 1  # poll answers the supervisor handled
         emit(self, rank, poll)
 
-    saved = g.ray, g.Gang.start, g._Supervisor.watch, g.Gang.close, g._Supervisor._emit
-    g.ray, g.Gang.start, g._Supervisor.watch, g.Gang.close, g._Supervisor._emit = (
+    saved = g.ray, g.Gang.start, Supervisor.watch, g.Gang.close, Supervisor._emit
+    g.ray, g.Gang.start, Supervisor.watch, g.Gang.close, Supervisor._emit = (
         clock, timed_start, timed_watch, timed_close, counted_emit)
     try:
         yield marks
     finally:
-        g.ray, g.Gang.start, g._Supervisor.watch, g.Gang.close, g._Supervisor._emit = saved
+        g.ray, g.Gang.start, Supervisor.watch, g.Gang.close, Supervisor._emit = saved
 
 
 def command_spec(nodes: int, workspace: Path, argv: list[str], *, torchrun: bool, launcher: str = "a4ray"):
     from a4ray.spec import CommandJob
-    from a4ray.spec.loader import validate
+    from a4ray.spec.overrides import validate
 
     command = {"argv": argv, "torchrun": torchrun, **({"nproc": 1} if torchrun else {})}
     return validate(CommandJob, {
@@ -219,7 +220,7 @@ def gang(nodes: int, workspace: Path, gcs, launcher: str = "a4ray") -> dict:
     """a4ray's public run path, timed end to end; the phases from `gang_clock`. Also the CPU this
     driver and the GCS spent on it: the two places every node's work meets (on A4 each node's own
     work runs on its own CPUs; here all of it shares this machine's)."""
-    from a4ray import runner
+    from a4ray.driver import execute as runner
 
     marks: dict[str, float] = {}
     cpu0, gcs0 = time.process_time(), _cpu(gcs)
@@ -247,10 +248,9 @@ def gang(nodes: int, workspace: Path, gcs, launcher: str = "a4ray") -> dict:
 
 # ------------------------------------------------------------------------------------------ (c)
 def ray_train(nodes: int, storage: Path, index: int) -> dict:
+    import ddp_trivial
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
-
-    import ddp_trivial
 
     t0 = time.monotonic()
     trainer = TorchTrainer(
@@ -307,7 +307,7 @@ def fanin(nodes: int, lines: int, workspace: Path, logs: Path, idle_s: float = 5
     """What streaming every node's lines through the driver costs: a command printing `lines` lines on
     every node, through the gang and bare (its output to a file), the same N processes; and the driver's
     CPU while N nodes run a silent `sleep` (the long polls of supervision alone)."""
-    from a4ray import runner
+    from a4ray.driver import execute as runner
 
     argv = [sys.executable, "-c", f"import sys\nfor i in range({lines}): sys.stdout.write(f'line {{i}}\\n')"]
     logs.mkdir(parents=True, exist_ok=True)
@@ -327,17 +327,17 @@ def fanin(nodes: int, lines: int, workspace: Path, logs: Path, idle_s: float = 5
     cpu0 = time.process_time()
     time.sleep(idle_s)  # what this driver spends with no gang at all (Ray's own threads in it)
     baseline = (time.process_time() - cpu0) / idle_s
-    # An idle node answers its long poll every _POLL_WAIT_S; answering often makes each answer's cost
+    # An idle node answers its long poll every POLL_WAIT_S; answering often makes each answer's cost
     # measurable above the driver's own noise.
-    import a4ray.runtime.gang as g
+    import a4ray.runtime.supervisor as g
 
     quiet: dict[str, float] = {}
-    wait_s, g._POLL_WAIT_S = g._POLL_WAIT_S, 0.05
+    wait_s, g.POLL_WAIT_S = g.POLL_WAIT_S, 0.05
     try:
         with gang_clock(quiet):
             silent = runner.run(command_spec(nodes, workspace, ["sleep", f"{idle_s:g}"], torchrun=False))
     finally:
-        g._POLL_WAIT_S = wait_s
+        g.POLL_WAIT_S = wait_s
     if not silent.ok:
         raise RuntimeError(f"sleep through the gang: {silent.verdict}")
     total = nodes * lines
@@ -402,7 +402,7 @@ def _stats(values: list[float]) -> tuple[float, float, float]:
 
 
 def _table(title: str, columns: list[str], rows: list[list[object]]) -> str:
-    from a4ray.console import table
+    from a4ray.core.console import table
 
     return f"{title}\n{table('', columns, rows)}"  # the title on its own line: rich would wrap it to the table
 
@@ -504,7 +504,7 @@ def main() -> int:
     import ray.cloudpickle
 
     from a4ray.runtime.connect import NAMESPACE
-    from a4ray.runtime.local import SimulatedCluster
+    from a4ray.runtime.simulated import SimulatedCluster
 
     sys.path.insert(0, str(HERE))
     import ddp_trivial

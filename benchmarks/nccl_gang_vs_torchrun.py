@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from a4ray.parsers import nccl_tests  # noqa: E402
-from a4ray.runtime.local import physical_gpu_ids  # noqa: E402
+from a4ray.runtime.simulated import physical_gpu_ids  # noqa: E402
 from a4ray.spec.nccl import parse_size  # noqa: E402
 
 
@@ -63,7 +63,7 @@ def gang(args, implementation: str, extra: list[str] = ()) -> float | None:
 
 
 def bench_args(args) -> list[str]:
-    return ["-m", "a4ray.workloads.collectives", "--collectives", args.collective, "-b", args.b, "-e", args.e,
+    return ["-m", "a4ray.programs.collectives", "--collectives", args.collective, "-b", args.b, "-e", args.e,
             "-f", "2", "-n", str(args.iters), "-w", str(args.warmup), "--cpu-min-bytes", args.cpu_b,
             "--cpu-max-bytes", args.cpu_e]
 

@@ -86,7 +86,7 @@ def spec_for(mode: str, work: Path, step_s: float, *sets: str):
 
 
 def hang(stamped: Stamped, work: Path, window_s: float, step_s: float) -> dict[str, float]:
-    from a4ray.runner import run
+    from a4ray.driver.execute import run
 
     spec = spec_for("hang", work, step_s, "cluster.nodes=2", "cluster.gpus_per_node=2",
                     f"observe.watchdog.no_progress_s={window_s}")
@@ -104,9 +104,9 @@ def hang(stamped: Stamped, work: Path, window_s: float, step_s: float) -> dict[s
 def node_loss(stamped: Stamped, work: Path, step_s: float) -> dict[str, float]:
     import ray
 
-    from a4ray.runner import run
+    from a4ray.driver.execute import run
     from a4ray.runtime.connect import NAMESPACE
-    from a4ray.runtime.local import SimulatedCluster
+    from a4ray.runtime.simulated import SimulatedCluster
 
     state = work / "state.json"
     cluster = SimulatedCluster(3, 1)

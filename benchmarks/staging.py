@@ -61,7 +61,7 @@ def main() -> int:
     from a4ray.runtime.connect import connect
     from a4ray.spec import ArtifactSpec, ClusterSpec
     from a4ray.staging import stage
-    from a4ray.staging.progress import Display
+    from a4ray.staging.display import Display
 
     root = Path(tempfile.mkdtemp(prefix="a4ray-bench-", dir=args.dir))
     quiet = Display(every_s=3600, tty=False)

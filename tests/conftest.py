@@ -21,7 +21,7 @@ import pytest
 import ray
 
 from a4ray.runtime.connect import NAMESPACE
-from a4ray.runtime.local import SimulatedCluster
+from a4ray.runtime.simulated import SimulatedCluster
 from a4ray.spec import load_job
 
 REPO = Path(__file__).resolve().parents[1]

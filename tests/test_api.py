@@ -11,14 +11,14 @@ import uuid
 import matplotlib
 import pytest
 import ray
+from conftest import PYTHON, REPO, isolated_env, job, local_up, wait_gone
 
 import a4ray
-from a4ray.errors import SpecError
+from a4ray.core.errors import SpecError
 from a4ray.runtime.connect import NAMESPACE
-from a4ray.runtime.local import SimulatedCluster
-from a4ray.workloads.ddp_test import DDPTestResult
-from a4ray.workloads.nccl_test import NcclTestResult
-from conftest import PYTHON, REPO, isolated_env, job, local_up, wait_gone
+from a4ray.runtime.simulated import SimulatedCluster
+from a4ray.workloads.ddp_check import DDPTestResult
+from a4ray.workloads.network_test import NcclTestResult
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.slow

@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import PYTHON, REPO, isolated_env, local_up, wait_gone
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,6 @@ import psutil
 import pytest
 import torch
 
-from a4ray.convert import convert
 from a4ray.convert.hf import HFCheckpoint
 from a4ray.convert.mapping import (
     CONV_PARTS,
@@ -33,7 +32,7 @@ from a4ray.convert.mapping import (
 )
 from a4ray.convert.native import check_disk, check_memory
 from a4ray.convert.tiny import QWEN3_NEXT_TINY, write_tiny, write_tiny_next
-from a4ray.errors import (
+from a4ray.core.errors import (
     ConvertFailed,
     ConvertInputError,
     InsufficientResources,
@@ -41,6 +40,7 @@ from a4ray.errors import (
     UnsupportedModel,
     VerifyFailed,
 )
+from a4ray.driver.execute import run as convert
 from tests.conftest import PYTHON, REPO, isolated_env, job
 
 
@@ -269,7 +269,7 @@ def test_bad_inputs_get_errors_that_name_the_problem(models, tmp_path):
         check_disk(tmp_path, 10**18)
 
     with pytest.raises(SpecError, match="convert.naming=local"):
-        from a4ray.convert.workload import ConvertWorkload
+        from a4ray.convert.converter import ConvertWorkload
 
         ConvertWorkload(job("convert", "convert.input=x", "convert.backend=pai", "convert.naming=local")).check()
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from a4ray.errors import SpecError
-from a4ray.runner import run, workload_for
+from a4ray.core.errors import SpecError
+from a4ray.driver.execute import run
+from a4ray.driver.kinds import job_for
 from tests.conftest import job
 
 STANDIN = Path(__file__).parent / "programs" / "deepep_standin"
@@ -41,9 +42,9 @@ def test_deepep_internode_launch(local_cluster, tmp_path, launcher):
 
 def test_deepep_refuses_uneven_experts_and_one_node(tmp_path):
     with pytest.raises(SpecError, match=r"256 experts do not divide evenly over 24 ranks .* 264"):
-        workload_for(job("deepep_test", "cluster.nodes=3", workspace=tmp_path)).check()
+        job_for(job("deepep_test", "cluster.nodes=3", workspace=tmp_path)).check()
     with pytest.raises(SpecError, match="at least 2 nodes"):
-        workload_for(job("deepep_test", "cluster.nodes=1", workspace=tmp_path)).check()
+        job_for(job("deepep_test", "cluster.nodes=1", workspace=tmp_path)).check()
 
 
 def test_mpi_rank_on_the_wrong_node_refuses_to_start():
@@ -51,7 +52,7 @@ def test_mpi_rank_on_the_wrong_node_refuses_to_start():
     stops at once with a reason, instead of hanging in DeepEP's rendezvous as the seeds could."""
     import subprocess
 
-    from a4ray.workloads.deepep import _MPI_GUARD
+    from a4ray.workloads.internode import _MPI_GUARD
 
     run_guard = lambda mpi, node: subprocess.run(  # noqa: E731
         ["bash", "-c", _MPI_GUARD, "deepep", "bash", "-c", 'echo "RANK=$RANK"'], capture_output=True, text=True,
@@ -63,7 +64,7 @@ def test_mpi_rank_on_the_wrong_node_refuses_to_start():
 
 
 def test_missing_env_script_names_the_node(local_cluster, tmp_path):
-    from a4ray.errors import EnvScriptFailed
+    from a4ray.core.errors import EnvScriptFailed
 
     with pytest.raises(EnvScriptFailed, match=r"node \d .*cannot source /nonexistent/unified-env.sh: no such file"):
         run(_spec(tmp_path, "deepep.launcher=direct", "deepep.env_script=/nonexistent/unified-env.sh"))

@@ -4,16 +4,17 @@ and a node that cannot write to the workspace is named, with the fix."""
 from __future__ import annotations
 
 import pytest
-
-from a4ray.observe.doctor import PROBE_DIR, doctor
 from conftest import job
+
+from a4ray.driver.execute import run
+from a4ray.workloads.doctor import PROBE_DIR, Doctor
 
 pytestmark = pytest.mark.slow
 
 
 def test_doctor_on_simulated_nodes(local_cluster, tmp_path):
     spec = job("ddp_test", "cluster.nodes=3", "cluster.gpus_per_node=2", workspace=tmp_path)
-    result = doctor(spec)
+    result = run(spec, job=Doctor(spec))
     assert result.ok, result.table()
     by = {(c.node, c.name): c for c in result.checks}
     for node in range(3):
@@ -33,7 +34,7 @@ def test_doctor_names_the_node_that_cannot_write_the_workspace(local_cluster, tm
     (tmp_path / PROBE_DIR).mkdir()
     (tmp_path / PROBE_DIR / "sim-host-001").write_text("not a directory")
     spec = job("ddp_test", "cluster.nodes=3", "cluster.gpus_per_node=2", "doctor.network=false", workspace=tmp_path)
-    result = doctor(spec)
+    result = run(spec, job=Doctor(spec))
     assert not result.ok
     [failure] = result.failures
     assert failure.name == "workspace" and failure.host == "sim-host-001"

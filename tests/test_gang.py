@@ -12,14 +12,14 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
+from conftest import job
 
-from a4ray.errors import GangFailed, GangStartTimeout, GangTimeout, GibMissing
-from a4ray.runner import run
+from a4ray.core.errors import GangFailed, GangStartTimeout, GangTimeout, GibMissing
+from a4ray.driver.execute import run
 from a4ray.runtime.gang import Gang
 from a4ray.runtime.process import LAUNCH_ID_VAR
 from a4ray.spec.cluster import GKE_HOST_LABEL
-from a4ray.workloads.command import Command
-from conftest import job
+from a4ray.workloads.generic import Command
 
 pytestmark = pytest.mark.slow
 

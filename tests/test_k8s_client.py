@@ -25,12 +25,12 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from a4ray.cli import main as cli
-from a4ray.commands import k8s as commands
-from a4ray.errors import KubeError
+from a4ray.commands import kube as commands
+from a4ray.core.errors import KubeError
+from a4ray.core.redact import redact
 from a4ray.k8s import client as kc
 from a4ray.k8s.render import render_cluster, render_job
 from a4ray.k8s.validate import bundled_schema
-from a4ray.redact import redact
 from a4ray.spec import load_job
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from a4ray.cli import main as cli
-from a4ray.errors import ManifestInvalid, SpecError
+from a4ray.core.errors import ManifestInvalid, SpecError
 from a4ray.k8s import validate
 from a4ray.k8s.render import OperatorCaps, default_entrypoint, render_cluster, render_job
 from a4ray.spec import load_job

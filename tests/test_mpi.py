@@ -14,10 +14,11 @@ import psutil
 import pytest
 import ray
 
-from a4ray.errors import Cancelled, GangFailed
-from a4ray.mpi import rsh
-from a4ray.mpi.launch import hostfile, mpi_launch
-from a4ray.runtime.gang import Gang, Peer
+from a4ray.core.errors import Cancelled, GangFailed
+from a4ray.runtime import rsh
+from a4ray.runtime.gang import Gang
+from a4ray.runtime.launch import Peer
+from a4ray.runtime.mpirun import hostfile, mpi_launch
 from a4ray.runtime.process import LAUNCH_ID_VAR
 from tests.conftest import SESSION_GPUS, SESSION_NODES, job
 

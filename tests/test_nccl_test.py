@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from a4ray import nccl_test
-from a4ray.errors import ToolMissing
-from a4ray.runner import run
-from a4ray.runtime.local import simulated_ip
-from a4ray.workloads.collectives import bus_factor
+from a4ray.core.errors import ToolMissing
+from a4ray.driver.execute import run
+from a4ray.programs.collectives import bus_factor
+from a4ray.runtime.simulated import simulated_ip
 from tests.conftest import job
 
 STANDIN = Path(__file__).parent / "programs" / "nccl_tests_standin.py"

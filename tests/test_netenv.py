@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from a4ray.errors import GibMissing
-from a4ray.netenv import EnvLayer, build_env, gib_layer, source_script
-from a4ray.redact import Redactor, redact, register_secret
+from a4ray.core.errors import GibMissing
+from a4ray.core.redact import Redactor, redact, register_secret
+from a4ray.runtime.netenv import EnvLayer, build_env, gib_layer, source_script
 from a4ray.spec.cluster import NetworkSpec
 
 SENTINEL = "hf_SENTINEL_secret_value_0123456789"

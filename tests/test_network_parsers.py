@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from a4ray.parsers import deepep, nccl_debug, nccl_tests
-from a4ray.workloads.collectives import bus_factor
+from a4ray.parsers import deepep_log as deepep
+from a4ray.parsers import nccl_debug, nccl_tests
+from a4ray.programs.collectives import bus_factor
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
-
 from conftest import REPO, isolated_env
+from nbclient import NotebookClient
 
 pytestmark = pytest.mark.slow
 

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 import ray
-from ray.util.placement_group import placement_group_table
-
-from a4ray.errors import GangHang
-from a4ray.runner import run
-from a4ray.runtime.gang import Gang
-from a4ray.workloads.command import Command
 from conftest import job
+from ray.util.placement_group import placement_group_table
 from test_gang import assert_no_leftovers
+
+from a4ray.core.errors import GangHang
+from a4ray.driver.execute import run
+from a4ray.runtime.gang import Gang
+from a4ray.workloads.generic import Command
 
 pytestmark = pytest.mark.slow
 

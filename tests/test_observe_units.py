@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from a4ray.observe.progress import parse_progress
+from a4ray.observe.progress import parse_progress, progress_summary
 from a4ray.observe.stacks import StackDump, summarize, where
-from a4ray.runtime.gang import GangResult, NodeResult, progress_summary
+from a4ray.runtime.launch import GangResult, NodeResult
 from a4ray.runtime.restart import should_retry
-from a4ray.spec.observe import RestartSpec
+from a4ray.spec.resilience import RestartSpec
 
 MEGATRON = (" [2026-11-21 12:00:00] iteration       10/     100 | consumed samples:          640 | "
             "elapsed time per iteration (ms): 1234.5 | throughput per GPU (TFLOP/s/GPU): 118.3 | "

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from a4ray.pipeline import PipelineResult
-from a4ray.pipeline.entry import pipeline_main
 from conftest import PYTHON, REPO, isolated_env
+
+from a4ray.driver.main import main as pipeline_main
+from a4ray.pipeline.runner import PipelineResult
 
 pytestmark = pytest.mark.slow
 PROFILE = str(REPO / "jobs" / "qwen3_next_local.yaml")

@@ -10,9 +10,9 @@ import sys
 import time
 
 import psutil
-
-from a4ray.runtime.gang import _root_cause
 from conftest import REPO, free_port
+
+from a4ray.runtime.supervisor import root_cause
 
 PROBE = str(REPO / "tests" / "programs" / "rank_probe.py")
 # What legitimately differs: the run id is the launch's, and without an agent rank 0 hosts the store.
@@ -68,7 +68,7 @@ def test_first_failing_rank_stops_the_node_and_is_named():
     [done] = run_nodes("a4ray", 1, 3, "--fail-rank=1", "--code=7")
     assert done.returncode == 7, done.stdout
     assert time.monotonic() - start < 60  # the sleeping ranks were stopped, not waited for (they sleep 120s)
-    assert _root_cause(done.stdout.splitlines()) == (1, 1, 7)
+    assert root_cause(done.stdout.splitlines()) == (1, 1, 7)
     assert not [p for p in psutil.process_iter(["cmdline"]) if PROBE in " ".join(p.info["cmdline"] or [])]
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from a4ray.errors import SpecError
-from a4ray.pipeline import plan
-from a4ray.pipeline.entry import pipeline_main
-from a4ray.pipeline.steps import train_workload
+from a4ray.api import plan
+from a4ray.core.errors import SpecError
+from a4ray.driver.main import main as pipeline_main
 from a4ray.spec import load_job
-from a4ray.workloads.base import Plan
+from a4ray.trainers import trainer_for
+from a4ray.workloads.workload import Plan
 
 REPO = Path(__file__).resolve().parents[1]
 WS = "/mnt"
@@ -27,7 +27,7 @@ CKPT = "/mnt/ckpts/mcore/latest"
 
 def launch_plan(kind: str, *sets: str) -> tuple[object, Plan]:
     spec = load_job(None, list(sets), kind=kind)
-    work = train_workload(spec, WS, CKPT)
+    work = trainer_for(spec, WS, CKPT)
     work.check()
     return work, work.plan()
 
@@ -35,7 +35,7 @@ def launch_plan(kind: str, *sets: str) -> tuple[object, Plan]:
 def refusals(kind: str, *sets: str) -> str:
     spec = load_job(None, list(sets), kind=kind)
     with pytest.raises(SpecError) as e:
-        train_workload(spec, WS, CKPT).check()
+        trainer_for(spec, WS, CKPT).check()
     return str(e.value)
 
 
@@ -117,7 +117,7 @@ def test_refusals_come_before_anything_runs():
 
 
 def test_the_model_must_be_the_one_the_script_hard_codes():
-    from a4ray.workloads.pai import check_hf_config, model_of
+    from a4ray.trainers.pai import check_hf_config, model_of
 
     spec = load_job(None, [], kind="qwen3_next")
     real = {"architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 48, "hidden_size": 2048,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from a4ray.errors import SpecError
+from a4ray.core.errors import SpecError
 from a4ray.spec import JOB_KINDS, load_job
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import ray
 
-from a4ray.errors import SpecError, StagingFailed
+from a4ray.core.errors import SpecError, StagingFailed
 from a4ray.spec import ArtifactSpec, StageJob, load_job
 from a4ray.staging import stage
-from a4ray.staging.api import unshared_error
+from a4ray.staging.display import Display
 from a4ray.staging.layout import MANIFEST, ArtifactPaths, Manifest
-from a4ray.staging.progress import Display
 from a4ray.staging.service import get_service
+from a4ray.staging.stager import unshared_error
 from tests.conftest import PYTHON, REPO
 from tests.localserver import LocalServer, Repo
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from a4ray.runtime.topology import NodeFacts, rank_order
-from a4ray.spec.cluster import GKE_BLOCK_LABEL as B, GKE_HOST_LABEL as H, GKE_SUBBLOCK_LABEL as S, TopologySpec
+from a4ray.spec.cluster import GKE_BLOCK_LABEL as B
+from a4ray.spec.cluster import GKE_HOST_LABEL as H
+from a4ray.spec.cluster import GKE_SUBBLOCK_LABEL as S
+from a4ray.spec.cluster import TopologySpec
 
 
 def node(ip: str, block: str = "", sub: str = "", host: str = "", node_id: str | None = None) -> NodeFacts:

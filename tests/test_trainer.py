@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from a4ray.trainer import checkpoint
-from a4ray.trainer.data import IGNORE, Batches, SFTRecords, TokenWindows
+from a4ray.trainer.batches import IGNORE, Batches, SFTRecords, TokenWindows
 
 
 @pytest.fixture

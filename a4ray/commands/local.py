@@ -12,7 +12,8 @@ import argparse
 import signal
 import threading
 
-from a4ray.console import say
+from a4ray.core.console import say
+from a4ray.runtime.simulated import SimulatedCluster
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
@@ -28,8 +29,6 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from a4ray.runtime.local import SimulatedCluster
-
     cluster = SimulatedCluster(args.nodes, args.gpus_per_node, machine_type=args.machine_type,
                                dashboard=True, dashboard_port=args.dashboard_port,
                                client_port=args.client_port or None)

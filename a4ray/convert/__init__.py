@@ -1,9 +1,9 @@
-"""HF -> Megatron-core checkpoint conversion as a pipeline step: parallel, memory-bounded, verified, cached.
+"""HF -> Megatron-core checkpoint conversion as a job and a pipeline step: parallel, memory-bounded,
+verified, cached.
 
-    from a4ray.convert import convert
-    from a4ray.spec import load_job
+    import a4ray
 
-    result = convert(load_job("jobs/convert.yaml"))
+    result = a4ray.run(a4ray.load("jobs/convert.yaml"))     # or `a4ray convert -f jobs/convert.yaml`
     result.status        # "ran" | "cached" | "skipped"
     result.checkpoint    # the committed checkpoint directory: the trainer's --load
     result.verify        # logits and round-trip figures
@@ -16,25 +16,7 @@ Qwen3-Next converts natively to megatron-core's own hybrid GPTModel (`experiment
 every tensor: megatron-core builds the gated DeltaNet layers only with Transformer Engine and FLA's GPU
 kernels, so the CPU verifier reports "logits not compared" and why.
 
-A pipeline step that already holds a connection and a run directory runs
-`ConvertWorkload(job).run_job(conn, run_dir)` (`a4ray.convert.workload`); `job.convert` is the
-`convert:` section (`a4ray.spec.convert.ConvertSpec`) a recipe embeds.
+`converter.ConvertWorkload` is the job: a cache check, the backend, verification, the atomic commit. A
+pipeline's convert step runs it on the pipeline's connection and run directory; `job.convert` is the
+`convert:` section (`a4ray.spec.conversion.ConvertSpec`) a recipe embeds.
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from a4ray.convert.workload import ConvertResult
-    from a4ray.spec.convert import ConvertJob
-
-
-def convert(spec: ConvertJob, *, address: str | None = None, local_nodes: int | None = None) -> ConvertResult:
-    """Run the conversion `spec` describes (connecting as every a4ray job does) and return its result.
-
-    Raises an `a4ray.errors.ConvertError` (unsupported model, bad input, too little disk or memory, a
-    failed part, a failed verification) with nothing committed."""
-    from a4ray.runner import run
-
-    return run(spec, address=address, local_nodes=local_nodes)

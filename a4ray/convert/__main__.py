@@ -2,7 +2,7 @@
 
 import sys
 
-from a4ray.commands.convert import main
+from a4ray.driver import main as driver
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(driver.main("convert", description=__doc__))

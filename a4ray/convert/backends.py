@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from a4ray.errors import UnsupportedModel
-from a4ray.runtime.gang import Launch, NodeContext
-from a4ray.spec.convert import ConvertSpec, PaiConvertSpec, SwiftConvertSpec
+from a4ray.core.errors import UnsupportedModel
+from a4ray.runtime.launch import Launch, NodeContext
+from a4ray.spec.conversion import ConvertSpec, PaiConvertSpec, SwiftConvertSpec
 
 PAI_TOOLKIT = "toolkits/distributed_checkpoints_convertor"
 # (architecture, layers, hidden, experts) -> the MODEL_SIZE Pai's scripts define (they hard-code each
@@ -59,11 +59,15 @@ def precision_name(precision: str, config_dtype: str) -> str:
     return _PRECISION.get(config_dtype, "bf16") if precision == "auto" else precision
 
 
+def pai_contract_env(node: NodeContext) -> dict[str, str]:
+    """The PAI-DLC launch contract Pai's run and conversion scripts read in `dlc` mode."""
+    return {"WORLD_SIZE": str(node.nnodes), "RANK": str(node.rank), "KUBERNETES_CONTAINER_RESOURCE_GPU": str(node.gpus),
+            "MASTER_ADDR": str(node.master_addr), "MASTER_PORT": str(node.master_port)}
+
+
 def pai_launch(node: NodeContext, c: ConvertSpec, repo: str, model: tuple[str, str], input_dir: str,
                save_dir: str, config_dtype: str) -> Launch:
     size, script = model
-    from a4ray.workloads.pai import pai_contract_env
-
     env = {**pai_contract_env(node), "OMP_NUM_THREADS": str(c.pai.omp_num_threads)}
     if c.pai.model_parallel_args:
         env["MODEL_PARALLEL_ARGS"] = c.pai.model_parallel_args

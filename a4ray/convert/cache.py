@@ -22,7 +22,8 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel
 
-from a4ray.console import say, warn
+from a4ray.convert.writer import TRACKER
+from a4ray.core.console import say, warn
 
 RECORD = "a4ray-convert.json"
 OWNER = ".a4ray-owner"  # in a temporary directory: the process writing it
@@ -190,8 +191,6 @@ class OutputDir:
     def keep_failed(self, path: Path) -> Path:
         """Keep a checkpoint that failed verification for inspection, without its tracker file, so that
         nothing loads it as a checkpoint (and `latest` no longer points at it)."""
-        from a4ray.convert.writer import TRACKER
-
         (path / TRACKER).unlink(missing_ok=True)
         link = self.root / LATEST
         if link.is_symlink() and link.resolve() == path.resolve():

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from a4ray.convert.mapping import Architecture
-from a4ray.errors import ConvertInputError
+from a4ray.core.errors import ConvertInputError
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

@@ -41,7 +41,7 @@ from typing import Literal
 
 import torch
 
-from a4ray.errors import UnsupportedModel
+from a4ray.core.errors import UnsupportedModel
 
 Naming = Literal["te", "local"]
 

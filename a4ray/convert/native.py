@@ -23,7 +23,6 @@ import torch
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from a4ray.console import say
 from a4ray.convert import writer
 from a4ray.convert.cache import PartRecord
 from a4ray.convert.hf import HFCheckpoint
@@ -40,8 +39,9 @@ from a4ray.convert.mapping import (
     slots,
     units,
 )
-from a4ray.errors import ConvertFailed, InsufficientResources
-from a4ray.spec.convert import ConvertJob
+from a4ray.core.console import say
+from a4ray.core.errors import ConvertFailed, InsufficientResources
+from a4ray.spec.conversion import ConvertJob
 
 _TASK_OVERHEAD = 512 * 2**20  # interpreter and torch: what a task holds besides tensors
 UNIT_BYTES = 512 * 2**20  # experts of a layer are written together up to this much (one record each)
@@ -376,7 +376,7 @@ def _gather(refs: dict, placement: Placement) -> list[PartResult]:
             except Exception as error:  # noqa: BLE001 - any task failure fails the conversion
                 where = placement.bundle_nodes.get(part.index % placement.nodes, "?")
                 raise ConvertFailed(
-                    f"conversion part {part.index} ({part.label}) failed on {where}: {_why(error)}; "
+                    f"conversion part {part.index} ({part.label}) failed on {where}: {why_failed(error)}; "
                     f"{len(pending)} other part(s) cancelled, nothing committed",
                     hint="fix the cause and run again: the conversion starts over in a new temporary directory",
                 ) from None
@@ -392,7 +392,7 @@ def _gather(refs: dict, placement: Placement) -> list[PartResult]:
     return sorted(done, key=lambda r: r.index)
 
 
-def _why(error: Exception) -> str:
+def why_failed(error: Exception) -> str:
     if isinstance(error, ray.exceptions.RayTaskError):
         cause = error.cause if getattr(error, "cause", None) is not None else error
         text = " ".join(str(cause).split())

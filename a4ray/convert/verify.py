@@ -11,7 +11,7 @@
   (Qwen3-Next: its GatedDeltaNet needs Transformer Engine's spec and FLA's GPU kernels), the logits are
   not compared and the report says why (`logits_skipped`); the round trip still decides.
 
-`run` is what the verification Ray task executes; it needs megatron-core (CPU shims in `mcore_cpu`).
+`run` is what the verification Ray task executes; it needs megatron-core (CPU shims in `a4ray.mcore.shims`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from a4ray.convert.cache import VerifyReport
 from a4ray.convert.hf import HFCheckpoint
 from a4ray.convert.mapping import Architecture, Naming, Slot, extra_states, groups, slots, to_hf, to_mcore
 from a4ray.convert.writer import LEGACY_FILE, RELEASE, TRACKER
-from a4ray.errors import ConvertInputError
-from a4ray.spec.convert import VerifySpec
-
+from a4ray.core.errors import ConvertInputError
+from a4ray.mcore import shims as mcore_cpu
+from a4ray.spec.conversion import VerifySpec
 
 # What reading a damaged checkpoint raises (DCP's CheckpointException is a BaseException).
 _READ_ERRORS = (Exception, CheckpointException)
@@ -59,8 +59,6 @@ def run(root: str, input_dir: str, naming: Naming, fmt: str, spec: VerifySpec,
     tensor the model does not ask for is a problem (a4ray's own output; another tool's checkpoint may also
     hold RNG or optimizer state)."""
     import warnings
-
-    from a4ray.convert import mcore_cpu
 
     # megatron-core warns at import that TE and apex are missing, which verification knows and wants.
     warnings.filterwarnings("ignore", module=r"(megatron|torch\.distributed\.checkpoint)\.")
@@ -179,9 +177,7 @@ def _stored_dtype(ckpt: Path, fmt: str) -> torch.dtype:
 
 def _load_into(model, ckpt: Path, arch: Architecture, naming: Naming, fmt: str, report: VerifyReport) -> None:
     """Load the checkpoint into the verifier's model (`mcore_cpu.model_naming`), translating `naming` to its names."""
-    from a4ray.convert.mcore_cpu import model_naming
-
-    ours_naming = model_naming(arch)
+    ours_naming = mcore_cpu.model_naming(arch)
     pairs = [(s.sharded_key(ours_naming), s.sharded_key(naming), s.state_key(ours_naming), s.state_key(naming))
              for s in slots(arch)]
     if fmt == "legacy":
@@ -221,8 +217,6 @@ def _logits(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: Naming, fm
             report: VerifyReport, strict_keys: bool) -> None:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
-
-    from a4ray.convert import mcore_cpu
 
     hf_logging.disable_progress_bar()  # one bar per load, in every job log otherwise
 

@@ -22,13 +22,12 @@ from typing import Any
 
 import yaml
 
-from a4ray.console import say
-from a4ray.errors import KubeError
+from a4ray.core.console import say
+from a4ray.core.errors import KubeError
+from a4ray.core.redact import register_secret
 from a4ray.k8s import storage as st
 from a4ray.k8s.render import AUTH_TOKEN_KEY, DASHBOARD_PORT, OperatorCaps, to_yaml
 from a4ray.k8s.validate import GROUP, PLURALS, VERSION, schema_from_crd
-from a4ray.redact import register_secret
-
 
 
 @dataclass
@@ -186,28 +185,53 @@ class Kube:
         items = _to_dict(pods).get("items") or []
         return items[0] if items else None
 
+    def watch(self, kind: str, name: str, namespace: str, *, summary: Callable[[dict], str],
+              done: Callable[[dict], bool], until: str, timeout_s: float, hint: str, poll_s: float = 5.0,
+              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> dict:
+        """Poll an object until `done(obj)`, saying each new `summary` line; an error if it is gone, or not
+        `until` ("ready", "running") within `timeout_s` (with `hint`)."""
+        deadline, last = clock() + timeout_s, ""
+        while True:
+            obj = self.get(kind, name, namespace)
+            if obj is None:
+                raise KubeError(f"{kind} {namespace}/{name} does not exist (deleted while waiting?)")
+            line = summary(obj)
+            if line != last:
+                say(f"{name}: {line}")
+                last = line
+            if done(obj):
+                return obj
+            if clock() >= deadline:
+                raise KubeError(f"{kind} {namespace}/{name} not {until} after {timeout_s:g}s: {line}", hint=hint)
+            sleep(poll_s)
+
     def wait_ready(self, cluster: str, namespace: str, timeout_s: float, poll_s: float = 5.0,
                    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> dict:
         """Until the RayCluster is provisioned and its head pod is Ready (NeMo-Run's readiness rule)."""
-        deadline, last = clock() + timeout_s, ""
-        while True:
-            obj = self.get("RayCluster", cluster, namespace)
-            if obj is None:
-                raise KubeError(f"RayCluster {namespace}/{cluster} does not exist (deleted while waiting?)")
-            line = cluster_summary(obj)
-            if line != last:
-                say(f"{cluster}: {line}")
-                last = line
-            if cluster_ready(obj) and pod_ready(self.head_pod(cluster, namespace)):
-                return obj
+
+        def ready(obj: dict) -> bool:
             if (obj.get("status") or {}).get("state") == "failed":
                 raise KubeError(f"RayCluster {namespace}/{cluster} failed: {obj['status'].get('reason', '?')}",
                                 hint=f"kubectl describe raycluster {cluster} -n {namespace}")
-            if clock() >= deadline:
-                raise KubeError(f"RayCluster {namespace}/{cluster} not ready after {timeout_s:g}s: {line}",
-                                hint=f"kubectl get pods -l ray.io/cluster={cluster} -n {namespace}; nodes may "
-                                "still be provisioning (or Kueue has not admitted the cluster)")
-            sleep(poll_s)
+            return cluster_ready(obj) and pod_ready(self.head_pod(cluster, namespace))
+
+        return self.watch("RayCluster", cluster, namespace, summary=cluster_summary, done=ready, until="ready",
+                          timeout_s=timeout_s, poll_s=poll_s, clock=clock, sleep=sleep,
+                          hint=f"kubectl get pods -l ray.io/cluster={cluster} -n {namespace}; nodes may still be "
+                          "provisioning (or Kueue has not admitted the cluster)")
+
+    def wait_submitted(self, job: str, namespace: str, timeout_s: float, poll_s: float = 5.0) -> dict:
+        """Until the RayJob's job was submitted (it has a job id and a cluster), or it ended."""
+
+        def submitted(obj: dict) -> bool:
+            status = obj.get("status") or {}
+            state = status.get("jobDeploymentStatus")
+            return state in ("Complete", "Failed", "ValidationFailed") or bool(
+                status.get("jobId") and status.get("rayClusterName") and state == "Running")
+
+        return self.watch("RayJob", job, namespace, summary=job_summary, done=submitted, until="running",
+                          timeout_s=timeout_s, poll_s=poll_s,
+                          hint="Kueue may not have admitted it yet, or nodes are still coming: a4ray status")
 
     def auth_token(self, cluster_obj: dict) -> str | None:
         """The Ray token of a RayCluster (from its Secret), or None if it has no token auth."""

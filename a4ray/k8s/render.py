@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from a4ray.errors import SpecError
+from a4ray.core.errors import SpecError
+from a4ray.core.redact import is_secret_name
 from a4ray.k8s import storage as st
 from a4ray.k8s.validate import (
     GROUP,
@@ -35,7 +36,6 @@ from a4ray.k8s.validate import (
     VERSION,
     check_manifest,
 )
-from a4ray.redact import is_secret_name
 from a4ray.runtime.rayenv import HEAD_ENV, RAY_ENV
 from a4ray.spec.job import JobSpec
 

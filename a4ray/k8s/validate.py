@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from jsonschema import Draft4Validator, FormatChecker
 
-from a4ray.errors import ManifestInvalid
+from a4ray.core.errors import ManifestInvalid
 
 GROUP, VERSION = "ray.io", "v1"
 PLURALS = {"RayCluster": "rayclusters", "RayJob": "rayjobs"}

@@ -93,3 +93,19 @@ def history(log_dir: str | Path) -> list[Progress]:
                 if progress is not None:
                     by_iteration[progress.iteration] = progress
     return [by_iteration[i] for i in sorted(by_iteration)]
+
+
+def progress_summary(p: Progress, seq_length: int | None = None) -> str:
+    parts = [f"iteration {p.iteration}/{p.train_iters}"]
+    if p.step_time_ms is not None:
+        parts.append(f"{p.step_time_ms / 1000:.3g} s/it")
+    tokens = p.tokens_per_second(seq_length)
+    if tokens is not None:
+        parts.append(f"{tokens:,.0f} tokens/s")
+    if p.loss is not None:
+        parts.append(f"loss {p.loss:.4g}")
+    if p.tflops_per_gpu is not None:
+        parts.append(f"{p.tflops_per_gpu:.1f} TFLOP/s/GPU")
+    if p.grad_norm is not None:
+        parts.append(f"grad norm {p.grad_norm:.3g}")
+    return " | ".join(parts)

@@ -2,7 +2,9 @@
 
 Each step says what runs it (`runs`), which of its outputs a later step reads (checked when the step is
 skipped), what it would do (`plan`), and runs to one of: `ran`; `cached` (its outputs are current, nothing
-to do); `skipped` (by --skip / --from, or not needed with this trainer: the reason is given).
+to do); `skipped` (by --skip / --from, or not needed with this trainer: the reason is given). Every step
+runs on the pipeline's connection and logs under the pipeline's run directory (`logs/<step>/`). What the
+train step runs, and whether the convert step has work, the trainer says (`a4ray.trainers`).
 """
 
 from __future__ import annotations
@@ -17,13 +19,19 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
-from a4ray.console import say
-from a4ray.errors import A4RayError, SpecError, StagingFailed, StepError
+from a4ray.convert.converter import ConvertWorkload
+from a4ray.core.console import say
+from a4ray.core.errors import A4RayError, SpecError, StagingFailed, StepError
+from a4ray.core.rundir import RunDir
 from a4ray.pipeline import nodefs
-from a4ray.rundir import RunDir
-from a4ray.spec.convert import ConvertJob
+from a4ray.runtime.connect import Connection
+from a4ray.spec.conversion import ConvertJob
 from a4ray.spec.recipes import RecipeJob
-from a4ray.workloads.base import Workload
+from a4ray.staging.stager import plan as staging_plan
+from a4ray.staging.stager import stage
+from a4ray.staging.standins import make_all
+from a4ray.trainers import Trainer, trainer_for
+from a4ray.workloads.doctor import Doctor, report
 
 Status = Literal["ran", "cached", "skipped", "failed", "not-run"]
 TRAIN_MARKER = "a4ray-train.json"
@@ -42,6 +50,7 @@ class StepResult(BaseModel):
 @dataclass
 class Context:
     spec: RecipeJob
+    conn: Connection
     workspace: str  # the workspace root on the nodes
     run_dir: RunDir
     checkpoint: str = ""  # the Megatron checkpoint the trainer loads (the convert step's output)
@@ -50,8 +59,9 @@ class Context:
 class Step(ABC):
     name: ClassVar[str]
 
-    def __init__(self, spec: RecipeJob):
+    def __init__(self, spec: RecipeJob, trainer: Trainer):
         self.spec = spec
+        self.trainer = trainer
 
     def not_needed(self) -> str | None:
         """Why this step has nothing to do with this spec (it is then skipped with the reason), or None."""
@@ -99,19 +109,13 @@ class Stage(Step):
         return out
 
     def plan(self, workspace: str) -> list[str]:
-        from a4ray.staging.api import plan
-
         made = [f"first: make the tiny local stand-ins in {self.spec.standins} (a4ray.staging.standins)"] \
             if self.spec.standins else []
-        return made + plan(self.spec).splitlines()[1:]
+        return made + staging_plan(self.spec).splitlines()[1:]
 
     def run(self, ctx: Context) -> StepResult:
-        from a4ray.staging import stage
-
         notes = []
         if self.spec.standins:
-            from a4ray.staging.standins import make_all
-
             t0 = time.monotonic()
             made = make_all(self.spec.standins)
             notes.append(f"stand-ins in {Path(self.spec.standins).resolve()} ({time.monotonic() - t0:.1f}s)")
@@ -131,38 +135,20 @@ class Stage(Step):
 # ---------------------------------------------------------------------------------------- convert
 
 
-def convert_job(spec: RecipeJob) -> ConvertJob:
-    """The conversion this recipe needs, as the `convert` job a4ray.convert runs."""
-    c = spec.convert
-    section = c.model_copy(update={"input": c.input or spec.model_dir, "output": spec.convert_output})
-    if spec.train.trainer == "swift":  # one ms-swift in the image: the trainer's version converts too
-        section = section.model_copy(update={"swift": c.swift.model_copy(update={"version": spec.train.version})})
-    cluster = spec.cluster.model_copy(update={"nodes": 1}) if c.backend == "swift" else spec.cluster
-    return ConvertJob(name=f"{spec.name[:31].rstrip('-')}-convert", cluster=cluster, network=spec.network,
-                      storage=spec.storage, restart=spec.restart, observe=spec.observe, convert=section)
-
-
-def convert_plan(job: ConvertJob) -> str:
-    """The conversion's dry-run plan: the native plan of parts, or the pai/swift per-node commands."""
-    from a4ray.convert.workload import ConvertWorkload
-
-    return ConvertWorkload(job).plan().render()
-
-
 class Convert(Step):
     name = "convert"
 
-    def not_needed(self) -> str | None:
-        t = self.spec.train
-        if t.trainer == "torch" and self.spec.convert.backend != "native":
-            return ("the built-in trainer trains from the Hugging Face checkpoint (train.model); with "
-                    f"train.trainer=pai this step runs the {self.spec.convert.backend} converter")
-        if t.trainer == "swift":
-            from a4ray.workloads.swift import trains_from_mcore
+    def job(self) -> ConvertJob:
+        """The conversion this recipe needs, as the `convert` job a4ray.convert runs."""
+        spec, c = self.spec, self.spec.convert
+        section = self.trainer.convert_section(
+            c.model_copy(update={"input": c.input or spec.model_dir, "output": spec.convert_output}))
+        cluster = spec.cluster.model_copy(update={"nodes": 1}) if c.backend == "swift" else spec.cluster
+        return ConvertJob(name=f"{spec.name[:31].rstrip('-')}-convert", cluster=cluster, network=spec.network,
+                          storage=spec.storage, restart=spec.restart, observe=spec.observe, convert=section)
 
-            if not trains_from_mcore(t):
-                return f"ms-swift {t.version} trains from the Hugging Face weights (--model): no offline conversion"
-        return None
+    def not_needed(self) -> str | None:
+        return self.trainer.conversion_skipped()
 
     def runs(self) -> str:
         backend = self.spec.convert.backend
@@ -170,29 +156,24 @@ class Convert(Step):
                 "native": "a4ray's native converter: Ray tasks over layer ranges",
                 "swift": "ms-swift's `swift export --to_mcore` on one node"}[backend]
 
-    def latest(self, workspace: str) -> str:
-        return str(PurePosixPath(self.spec.on_nodes(workspace, self.spec.convert_output)) / "latest")
-
     def outputs(self, workspace: str) -> dict[str, str]:
         return {"the converted checkpoint (convert.output/latest)":
-                f"{self.latest(workspace)}/latest_checkpointed_iteration.txt"}
+                f"{self.spec.converted(workspace)}/latest_checkpointed_iteration.txt"}
 
     def adopt(self, ctx: Context) -> None:
-        ctx.checkpoint = self.latest(ctx.workspace)
+        ctx.checkpoint = self.spec.converted(ctx.workspace)
 
     def plan(self, workspace: str) -> list[str]:
-        job = convert_job(self.spec)
+        job = self.job()
         source = self.spec.on_nodes(workspace, job.convert.input)
-        head = [f"{job.convert.backend} backend: {source} -> {self.latest(workspace)}"]
-        return head + convert_plan(job).splitlines()
+        head = [f"{job.convert.backend} backend: {source} -> {self.spec.converted(workspace)}"]
+        return head + ConvertWorkload(job).plan().render().splitlines()
 
     def run(self, ctx: Context) -> StepResult:
-        from a4ray.convert import convert
-
-        result = convert(convert_job(self.spec))
+        result = ConvertWorkload(self.job()).run(ctx.conn, ctx.run_dir, log_dir=ctx.run_dir.step_logs(self.name))
         if not result.ok:
             raise StepError(self.name, result.verdict)
-        ctx.checkpoint = result.checkpoint or self.latest(ctx.workspace)
+        ctx.checkpoint = result.checkpoint or self.spec.converted(ctx.workspace)
         status = result.status if result.status in ("ran", "cached", "skipped") else "ran"
         return StepResult(name=self.name, status=status, detail=result.verdict, outputs={"checkpoint": ctx.checkpoint},
                           result=result.model_dump(mode="json", exclude={"gang"}))
@@ -212,9 +193,7 @@ class Preflight(Step):
         return ["a failed check stops the pipeline before the train launch (--skip preflight to go on anyway)"]
 
     def run(self, ctx: Context) -> StepResult:
-        from a4ray.observe.doctor import doctor, report
-
-        result = doctor(self.spec)
+        result = Doctor(self.spec).run(ctx.conn, ctx.run_dir, log_dir=ctx.run_dir.step_logs(self.name))
         report(result)
         if not result.ok:
             raise StepError(self.name, result.verdict, hint="fix the node named, or --skip preflight to train anyway")
@@ -224,22 +203,7 @@ class Preflight(Step):
 # ------------------------------------------------------------------------------------------ train
 
 
-def train_workload(spec: RecipeJob, workspace: str, checkpoint: str = "") -> Workload:
-    trainer = spec.train.trainer
-    if trainer == "pai":
-        from a4ray.workloads.pai import PaiTrain
-
-        return PaiTrain(spec, workspace=workspace, load=checkpoint or Convert(spec).latest(workspace))
-    if trainer == "swift":
-        from a4ray.workloads.swift import SwiftTrain
-
-        return SwiftTrain(spec, workspace=workspace, load=checkpoint or Convert(spec).latest(workspace))
-    from a4ray.workloads.torch_train import TorchTrain
-
-    return TorchTrain(spec, workspace=workspace)
-
-
-def fingerprint(work: Workload) -> str:
+def fingerprint(work: Trainer) -> str:
     """What the train launch runs (every node's command and env, rendezvous left out): equal = same training."""
     nodes = [(n.argv, sorted(n.env.items())) for n in work.plan().nodes]
     return hashlib.sha256(json.dumps(nodes).encode()).hexdigest()
@@ -249,46 +213,30 @@ class Train(Step):
     name = "train"
 
     def runs(self) -> str:
-        t = self.spec.train
-        if t.trainer == "pai":
-            return f"Pai-Megatron-Patch {t.pai.script} on every node (bash; the script starts torchrun per node)"
-        if t.trainer == "swift":
-            return f"ms-swift {t.version} `megatron rlhf --rlhf_type dpo` on every node (its launcher starts torchrun)"
-        return "a4ray's built-in trainer: torchrun of a4ray.trainer on every node (DDP)"
+        return self.trainer.runs()
 
     def plan(self, workspace: str) -> list[str]:
-        work = train_workload(self.spec, workspace)
-        lines = []
-        if self.spec.train.trainer == "pai":
-            lines += ["run_mcore_qwen3.sh arguments:", *(f"  {line}" for line in work.describe()),
-                      f"checkpoints: {work.checkpoint_dir}"]
-        return lines + work.plan().render().splitlines()
+        return self.trainer.plan_lines() + self.trainer.plan().render().splitlines()
 
     def run(self, ctx: Context) -> StepResult:
-        from a4ray.runner import run_attempts
-
         spec = self.spec
-        work = train_workload(spec, ctx.workspace, ctx.checkpoint)
-        work.check()
-        lost = nodefs.missing(spec.cluster, work.inputs())
+        trainer = trainer_for(spec, ctx.workspace, ctx.checkpoint)
+        trainer.check()
+        lost = nodefs.missing(spec.cluster, trainer.inputs())
         if lost:
             raise StepError(self.name, "missing on the nodes: " + "; ".join(lost),
                             hint="run the steps that make them (stage, convert), or fix the paths in the spec")
-        self._check_model(ctx)
-        marker = str(PurePosixPath(spec.on_nodes(ctx.workspace, spec.train_output)) / TRAIN_MARKER)
-        key = fingerprint(work)
+        self._check_model(trainer, ctx)
+        marker = str(PurePosixPath(trainer.output) / TRAIN_MARKER)
+        key = fingerprint(trainer)
         done = nodefs.read_json(spec.cluster, marker)
         if done and done.get("fingerprint") == key and done.get("ok"):
             return StepResult(name=self.name, status="cached", detail=f"finished {done.get('finished')}: "
                               f"{done.get('verdict')}", outputs=done.get("outputs", {}), result=done.get("result"))
-        result = run_attempts(spec, work, ctx.run_dir, log_dir=ctx.run_dir.logs / "train")
+        result = trainer.run(ctx.conn, ctx.run_dir, log_dir=ctx.run_dir.step_logs(self.name))
         if result.table():
             print(result.table(), flush=True)
-        outputs = {"output": spec.on_nodes(ctx.workspace, spec.train_output)}
-        if getattr(result, "checkpoint", ""):
-            outputs["checkpoint"] = result.checkpoint
-        if getattr(result, "checkpoint_dir", ""):
-            outputs["checkpoints"] = result.checkpoint_dir
+        outputs = trainer.outputs(result)
         step = StepResult(name=self.name, status="ran" if result.ok else "failed", detail=result.verdict,
                           outputs=outputs, result=result.model_dump(mode="json", exclude={"gang"}))
         if result.ok:
@@ -298,33 +246,25 @@ class Train(Step):
                 indent=1))
         return step
 
-    def _check_model(self, ctx: Context) -> None:
+    def _check_model(self, trainer: Trainer, ctx: Context) -> None:
         """The staged model's config against what the trainer will build (Pai's script hard-codes shapes)."""
-        spec = self.spec
-        if spec.train.trainer not in ("pai", "swift"):
+        if not trainer.checks_model:
             return
-        where = f"{spec.on_nodes(ctx.workspace, spec.model_dir)}/config.json"
-        config = nodefs.read_json(spec.cluster, where)
+        where = f"{self.spec.on_nodes(ctx.workspace, self.spec.model_dir)}/config.json"
+        config = nodefs.read_json(self.spec.cluster, where)
         if config is None:
             return  # trained from the converted checkpoint alone; nothing to compare
-        if spec.train.trainer == "pai":
-            from a4ray.workloads.pai import check_hf_config, model_of
-
-            model = model_of(spec)
-            problems = check_hf_config(config, model, spec, where) if model else []
-        else:
-            from a4ray.workloads.swift import check_hf_config
-
-            problems = check_hf_config(config, spec, where)
+        problems = trainer.check_model(config, where)
         if problems:
-            raise SpecError(spec.source, problems)
+            raise SpecError(self.spec.source, problems)
 
 
 STEP_CLASSES: tuple[type[Step], ...] = (Stage, Convert, Preflight, Train)
 
 
-def steps_of(spec: RecipeJob) -> list[Step]:
-    return [cls(spec) for cls in STEP_CLASSES]
+def steps_of(spec: RecipeJob, workspace: str) -> list[Step]:
+    trainer = trainer_for(spec, workspace)
+    return [cls(spec, trainer) for cls in STEP_CLASSES]
 
 
 def failed(name: str, error: BaseException, seconds: float, runs: str) -> StepResult:

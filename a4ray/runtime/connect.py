@@ -16,10 +16,10 @@ from typing import Literal
 
 import ray
 
-from a4ray.console import say, warn
-from a4ray.errors import ConnectError
-from a4ray.runtime.local import LOCAL_ROOT_ENV, SIMULATED_LABEL, SimulatedCluster
-from a4ray.spec.cluster import ClusterSpec
+from a4ray.core.console import say, warn
+from a4ray.core.errors import ConnectError
+from a4ray.runtime.simulated import LOCAL_ROOT_ENV, SIMULATED_LABEL, SimulatedCluster
+from a4ray.spec.cluster import ClusterSpec, StorageSpec
 
 NAMESPACE = "a4ray"  # named actors (staging owners, ...) are found across jobs in this namespace
 # Ray Client's proxy starts one server process per client; now and then that process dies at once (on a
@@ -49,14 +49,14 @@ class Connection:
             return True
         return any(n.get("Labels", {}).get(SIMULATED_LABEL) == "true" for n in ray.nodes() if n.get("Alive"))
 
-    def workspace(self, shared: str, local: str) -> Path:
+    def workspace(self, storage: StorageSpec) -> Path:
         """The workspace root: shared storage on a real cluster, a local directory when simulated. A relative
         one is under the directory the simulated cluster started in where that is known (an embedded
         cluster; a Ray job's driver, whose own directory is a temporary copy), else this directory."""
         if not self.simulated:
-            return Path(shared)
+            return Path(storage.workspace)
         root = os.environ.get(LOCAL_ROOT_ENV) or (self.local.root if self.local else None) or os.getcwd()
-        return (Path(root) / local).resolve()
+        return (Path(root) / storage.local_workspace).resolve()
 
     def close(self) -> None:
         if self._owns_ray and ray.is_initialized():
@@ -137,16 +137,26 @@ def will_embed(address: str | None = None) -> bool:
     return not (ray.is_initialized() or address or os.environ.get("RAY_ADDRESS") or _running_local_address())
 
 
-def connect(address: str | None = None, *, cluster: ClusterSpec | None = None, local_nodes: int | None = None,
-            dashboard: bool = False) -> Connection:
+def attached() -> Connection:
+    """The Ray session this process already has (a driver connected it), as a Connection it does not own."""
+    if not ray.is_initialized():
+        raise ConnectError("not connected to a Ray cluster",
+                           hint="a4ray.connect() first, or run the job with a4ray.run(spec) / its command")
+    if ray.util.client.ray.is_connected():
+        address = f"ray://{ray.util.client.ray.client_worker._conn_str}"
+    else:
+        address = ray.get_runtime_context().gcs_address
+    return Connection(address=address, mode="attached", dashboard_url=_attached_dashboard())
+
+
+def connect(address: str | None = None, *, cluster: ClusterSpec | None = None, dashboard: bool = False) -> Connection:
+    """Connect this process for one job (see the module's docstring for the order); an embedded cluster has
+    `cluster`'s shape (its nodes, GPUs per node, machine type and topology)."""
     cluster = cluster or ClusterSpec()
     if ray.is_initialized():
-        if ray.util.client.ray.is_connected():
-            attached = f"ray://{ray.util.client.ray.client_worker._conn_str}"
-        else:
-            attached = ray.get_runtime_context().gcs_address
-        say(f"cluster: the Ray session this process already has ({attached}; {_summary()})")
-        return Connection(address=attached, mode="attached", dashboard_url=_attached_dashboard())
+        conn = attached()
+        say(f"cluster: the Ray session this process already has ({conn.address}; {_summary()})")
+        return conn
     source = "--address" if address else "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else None
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
@@ -163,7 +173,7 @@ def connect(address: str | None = None, *, cluster: ClusterSpec | None = None, l
         dashboard_url = _init(running)
         say(f"cluster: the Ray cluster already running on this machine at {running} ({_summary()})")
         return Connection(address=running, mode="running", dashboard_url=dashboard_url, _owns_ray=True)
-    local = SimulatedCluster(local_nodes or cluster.nodes, cluster.gpus_per_node,
+    local = SimulatedCluster(cluster.nodes, cluster.gpus_per_node,
                              machine_type=cluster.machine_type, topology=cluster.topology,
                              dashboard=dashboard)
     try:

@@ -9,7 +9,7 @@ Launches run one after another on the same actor (a test of node pairs reuses th
 no command is a *standby*: the node builds its env and waits. While a launch (or standby) is current,
 `exec_*` runs further commands on demand in that same env, each in its own session with its own reaper
 and streamed output: this is how an MPI launcher on node 0 starts OpenMPI's daemons on the other nodes
-without SSH (see `a4ray.mpi.rsh`). `stop()` ends the launch and every exec'd command with it.
+without SSH (see `a4ray.runtime.rsh`). `stop()` ends the launch and every exec'd command with it.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from a4ray.errors import EnvScriptFailed
-from a4ray.netenv import EnvLayer, build_env, gib_layer, source_script
+from a4ray.core.errors import EnvScriptFailed
+from a4ray.core.redact import Redactor, secret_values
 from a4ray.observe import metrics
 from a4ray.observe.progress import Progress, parse_progress
 from a4ray.observe.stacks import StackDump, dump_all
-from a4ray.redact import Redactor, secret_values
+from a4ray.runtime.netenv import EnvLayer, build_env, gib_layer, source_script
 from a4ray.runtime.process import ManagedProcess, launch_processes
 from a4ray.runtime.topology import NodeFacts
 from a4ray.spec.cluster import NetworkSpec

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from a4ray.runtime.gang import GangResult
-from a4ray.spec.observe import RestartSpec
+from a4ray.runtime.launch import GangResult
+from a4ray.spec.resilience import RestartSpec
 
 
 def should_retry(result: GangResult, policy: RestartSpec, attempt: int) -> tuple[bool, str]:

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from a4ray.spec.base import Spec
+from a4ray.spec.fields import Spec
 from a4ray.spec.job import JobSpec, job_kind
 
 SCHEMES = ("hf", "https", "http", "gs", "file", "git+https", "git+http", "git+file")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 
-from a4ray.spec.base import EnvVars, Spec
+from a4ray.spec.fields import EnvVars, Spec
 
 # GKE's node labels for the physical topology of A4 nodes (block > subblock > host). The pod launcher
 # copies the node's GCE `physical_host` into Ray node labels under these same keys.

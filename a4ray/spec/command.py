@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt
 
-from a4ray.spec.base import Arg, EnvVars, Spec
+from a4ray.spec.fields import Arg, EnvVars, Spec
 from a4ray.spec.job import JobSpec, job_kind
 
 

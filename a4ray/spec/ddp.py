@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveInt
 
-from a4ray.spec.base import Spec
+from a4ray.spec.fields import Spec
 from a4ray.spec.job import JobSpec, job_kind
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, PositiveInt, field_validator
 
-from a4ray.spec.base import EnvVars, Spec
-from a4ray.spec.job import JobSpec, job_kind
-from a4ray.spec.mpi import MpiSpec
+from a4ray.spec.fields import EnvVars, Spec
+from a4ray.spec.job import job_kind
+from a4ray.spec.mpi import FabricTestJob
 
 
 class DeepEPSpec(Spec):
@@ -42,8 +42,6 @@ class DeepEPSpec(Spec):
 
 
 @job_kind
-class DeepEPJob(JobSpec):
+class DeepEPJob(FabricTestJob):
     kind: Literal["deepep_test"] = "deepep_test"
-    timeout_s: PositiveFloat | None = Field(1800, description="per launch: a broken fabric often hangs NCCL")
     deepep: DeepEPSpec = DeepEPSpec()
-    mpi: MpiSpec = MpiSpec()

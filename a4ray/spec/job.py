@@ -10,10 +10,11 @@ from typing import Any, ClassVar, Literal, Self
 
 from pydantic import Field, PositiveFloat, PrivateAttr, model_validator
 
-from a4ray.spec.base import Spec
 from a4ray.spec.cluster import ClusterSpec, NetworkSpec, StorageSpec
+from a4ray.spec.fields import Spec
 from a4ray.spec.kuberay import KubeRaySpec
-from a4ray.spec.observe import DoctorSpec, ObserveSpec, RestartSpec
+from a4ray.spec.overrides import apply_overrides, dump_yaml, parse_sets
+from a4ray.spec.resilience import DoctorSpec, ObserveSpec, RestartSpec
 
 JOB_KINDS: dict[str, type[JobSpec]] = {}
 
@@ -45,6 +46,9 @@ class JobSpec(Spec):
     # Where the spec came from, for error messages ("jobs/x.yaml", "<python>").
     _source: str = PrivateAttr("<python>")
     entry_module: ClassVar[str] = ""
+    # True where the kind's defaults are an A4 run: with no cluster to join, its command rehearses the
+    # kind's local profile instead (a4ray.pipeline.rehearsal).
+    rehearses_locally: ClassVar[bool] = False
 
     @model_validator(mode="after")
     def _default_name(self) -> Self:
@@ -58,19 +62,13 @@ class JobSpec(Spec):
 
     def set(self, path: str, value: Any) -> Self:
         """A copy with one field changed (`spec.set("cluster.nodes", 4)`), validated like `--set`."""
-        from a4ray.spec.loader import apply_overrides
-
         return apply_overrides(self, [(path, value, f"set({path!r}, {value!r})")])
 
     def with_sets(self, sets: list[str]) -> Self:
         """A copy with Helm-style `a.b.c=value` overrides applied."""
-        from a4ray.spec.loader import apply_overrides, parse_sets
-
         return apply_overrides(self, parse_sets(sets))
 
     def to_yaml(self) -> str:
-        from a4ray.spec.loader import dump_yaml
-
         return dump_yaml(self.model_dump(mode="json"))
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, NonNegativeInt, PositiveInt, field_validator
 
-from a4ray.spec.base import Spec
+from a4ray.spec.fields import Spec
 
 # Kubernetes resource quantity (e.g. 250Gi, 500m, 200).
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, PositiveFloat
 
-from a4ray.spec.base import Spec
+from a4ray.spec.fields import Spec
+from a4ray.spec.job import JobSpec
 
 
 class MpiSpec(Spec):
@@ -15,3 +16,10 @@ class MpiSpec(Spec):
         default_factory=list,
         description="appended to mpirun's own options, e.g. ['--mca', 'oob_tcp_if_include', 'eth0']",
     )
+
+
+class FabricTestJob(JobSpec):
+    """A test of the fabric across the gang (NCCL, DeepEP): launched through MPI, bounded in time."""
+
+    timeout_s: PositiveFloat | None = Field(1800, description="per launch: a broken fabric often hangs NCCL")
+    mpi: MpiSpec = MpiSpec()

@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BeforeValidator, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from a4ray.spec.base import Spec
-from a4ray.spec.job import JobSpec, job_kind
-from a4ray.spec.mpi import MpiSpec
+from a4ray.spec.fields import Spec
+from a4ray.spec.job import job_kind
+from a4ray.spec.mpi import FabricTestJob
 
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "alltoall"]
 COLLECTIVES: tuple[str, ...] = Collective.__args__  # type: ignore[attr-defined]
@@ -103,8 +103,6 @@ class NcclTestSpec(Spec):
 
 
 @job_kind
-class NcclTestJob(JobSpec):
+class NcclTestJob(FabricTestJob):
     kind: Literal["nccl_test"] = "nccl_test"
-    timeout_s: PositiveFloat | None = Field(1800, description="per launch: a broken fabric often hangs NCCL")
     nccl: NcclTestSpec = NcclTestSpec()
-    mpi: MpiSpec = MpiSpec()

@@ -17,8 +17,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from a4ray.spec.artifacts import Staged
-from a4ray.spec.base import Spec
-from a4ray.spec.convert import ConvertSpec
+from a4ray.spec.conversion import ConvertSpec
+from a4ray.spec.fields import Spec
 from a4ray.spec.job import JobSpec, job_kind
 from a4ray.spec.train import SwiftTrainSpec, TrainSpec
 
@@ -64,6 +64,7 @@ class RecipeJob(Staged, JobSpec):
     standins: str | None = Field(None, description="local rehearsals: make the tiny stand-ins (a4ray.staging.standins) "
                                  "in this directory, relative to the current one, before staging them")
     recipe_defaults: ClassVar[dict] = {}
+    rehearses_locally: ClassVar[bool] = True
 
     @model_validator(mode="before")
     @classmethod
@@ -85,16 +86,63 @@ class RecipeJob(Staged, JobSpec):
         """Where conversions of the model go (one directory per input and options, `latest` the newest)."""
         return self.convert.output or f"{self.convert.input or self.model_dir}-to-mcore"
 
+    def converted(self, workspace: str) -> str:
+        """The newest conversion of the model, as the nodes see it: what a trainer loads by default."""
+        return str(PurePosixPath(self.on_nodes(workspace, self.convert_output)) / "latest")
+
     @property
     def train_output(self) -> str:
         t = self.train
         mode = getattr(t, "mode", "dpo")
         return t.output or f"logs/output_{t.trainer}_{self.kind}_{mode}"
 
+    @property
+    def data_parallel(self) -> int:
+        """Data-parallel ranks: the job's GPUs over the trainer's model parallelism (tp * pp * cp)."""
+        parallel, _ = self.train.parallelism()
+        return max(1, self.cluster.world_size // parallel.model_parallel)
 
-def _model_artifact(name: str, repo: str, target: str) -> dict:
-    # resolved to a commit when staged (recorded in its manifest); pin with @<commit>
-    return {"name": name, "source": f"hf://{repo}", "target": target}
+    @property
+    def global_batch(self) -> int:
+        """`train.global_batch_size`, or its default: one micro-batch per data-parallel rank. Every trainer
+        takes it from here."""
+        return self.train.global_batch_size or self.train.micro_batch_size * self.data_parallel
+
+    def batch_problems(self) -> list[str]:
+        """The batch sizes and the parallelism against the job's GPUs, each naming the field to change: the
+        one check every trainer runs before anything is launched (its own model checks come on top)."""
+        t, c = self.train, self.cluster
+        par, field = t.parallelism()
+        world, problems = c.world_size, []
+        if world % par.model_parallel:
+            problems.append(f"{field}: tp*pp*cp = {par.tp}*{par.pp}*{par.cp} = {par.model_parallel} does not divide "
+                            f"the {world} GPUs of cluster.nodes={c.nodes} x cluster.gpus_per_node={c.gpus_per_node}")
+        elif self.global_batch % (t.micro_batch_size * self.data_parallel):
+            problems.append(f"train.global_batch_size={self.global_batch} must be a multiple of train.micro_batch_size "
+                            f"x data-parallel size = {t.micro_batch_size} x {self.data_parallel} (data-parallel = "
+                            f"{world} GPUs / (tp*pp*cp = {par.model_parallel}))")
+        if world % (par.etp * par.ep * par.pp):
+            problems.append(f"{field}: etp*ep*pp = {par.etp}*{par.ep}*{par.pp} does not divide the {world} GPUs")
+        name, length = t.sequence()
+        if par.cp > 1 and length % (2 * par.cp):
+            problems.append(f"{name}={length} must be a multiple of 2 x {field}.cp = {2 * par.cp}")
+        return problems
+
+
+def _model_artifact(repo: str) -> tuple[dict, str]:
+    """A Hugging Face checkpoint as an artifact, and where it is staged. It is resolved to a commit when
+    staged (recorded in its manifest); pin it with @<commit>."""
+    name = repo.split("/")[1]
+    target = f"ckpts/huggingface/{name}"
+    return {"name": name.lower(), "source": f"hf://{repo}", "target": target}, target
+
+
+def _pai_recipe(repo: str, *, train: dict, **sections: dict) -> dict:
+    """A Pai recipe's defaults: the checkpoint `repo`, Pai's datasets and pinned checkout, Pai's converter,
+    Pai's run script trained from the checkpoint with `train`."""
+    artifact, target = _model_artifact(repo)
+    return {"artifacts": [artifact, *_PAI_ARTIFACTS], "convert": {"backend": "pai"},
+            "train": {"model": target, **train}, **sections}
 
 
 @job_kind
@@ -103,21 +151,14 @@ class Qwen3NextJob(RecipeJob):
 
     kind: Literal["qwen3_next"] = "qwen3_next"
     train: TrainSpec = TrainSpec()
-    recipe_defaults: ClassVar[dict] = {
-        "artifacts": [_model_artifact("qwen3-next-80b-a3b-instruct", "Qwen/Qwen3-Next-80B-A3B-Instruct",
-                                      "ckpts/huggingface/Qwen3-Next-80B-A3B-Instruct"), *_PAI_ARTIFACTS],
-        "staging": {"max_workers": 16},  # 160 GB in ~40 shards
-        "convert": {"backend": "pai"},
-        "train": {
-            "model": "ckpts/huggingface/Qwen3-Next-80B-A3B-Instruct",
-            "seq_len": 1024, "iterations": 100, "warmup_iterations": 10, "save_interval": 50,
-            # The seeds' B200 run: EP8, flash attention (TE's fused attention has no SM100 kernel for
-            # Qwen3-Next's kv_channels=256), no recompute, one micro-batch per data-parallel rank.
-            "pai": {"script": "examples/qwen3_next/run_mcore_qwen3.sh", "model_size": "A3B",
-                    "parallel": {"tp": 1, "pp": 1, "cp": 1, "etp": 1, "ep": 8}, "flash_attention": True,
-                    "recompute": "none"},
-        },
-    }
+    recipe_defaults: ClassVar[dict] = _pai_recipe(
+        "Qwen/Qwen3-Next-80B-A3B-Instruct", staging={"max_workers": 16},  # 160 GB in ~40 shards
+        train={"seq_len": 1024, "iterations": 100, "warmup_iterations": 10, "save_interval": 50,
+               # The seeds' B200 run: EP8, flash attention (TE's fused attention has no SM100 kernel for
+               # Qwen3-Next's kv_channels=256), no recompute, one micro-batch per data-parallel rank.
+               "pai": {"script": "examples/qwen3_next/run_mcore_qwen3.sh", "model_size": "A3B",
+                       "parallel": {"tp": 1, "pp": 1, "cp": 1, "etp": 1, "ep": 8}, "flash_attention": True,
+                       "recompute": "none"}})
 
 
 @job_kind
@@ -126,20 +167,14 @@ class Qwen3Job(RecipeJob):
 
     kind: Literal["qwen3"] = "qwen3"
     train: TrainSpec = TrainSpec()
-    recipe_defaults: ClassVar[dict] = {
-        "artifacts": [_model_artifact("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", "ckpts/huggingface/Qwen3-30B-A3B"),
-                      *_PAI_ARTIFACTS],
-        "convert": {"backend": "pai"},
-        "train": {
-            # seed 002: `dlc A3B 1 8 1e-5 1e-6 128 128 bf16 4 2 1 1 4 true true true false sel false ...`
-            "model": "ckpts/huggingface/Qwen3-30B-A3B", "micro_batch_size": 1, "global_batch_size": 8,
-            "lr": 1e-5, "min_lr": 1e-6, "seq_len": 128, "iterations": 9, "warmup_iterations": 0,
-            "save_interval": 100,
-            "pai": {"script": "examples/qwen3/run_mcore_qwen3.sh", "model_size": "A3B",
-                    "parallel": {"tp": 4, "pp": 2, "cp": 1, "etp": 1, "ep": 4, "sp": True},
-                    "distributed_optimizer": True, "flash_attention": True, "recompute": "sel"},
-        },
-    }
+    recipe_defaults: ClassVar[dict] = _pai_recipe(
+        "Qwen/Qwen3-30B-A3B",
+        # seed 002: `dlc A3B 1 8 1e-5 1e-6 128 128 bf16 4 2 1 1 4 true true true false sel false ...`
+        train={"micro_batch_size": 1, "global_batch_size": 8, "lr": 1e-5, "min_lr": 1e-6, "seq_len": 128,
+               "iterations": 9, "warmup_iterations": 0, "save_interval": 100,
+               "pai": {"script": "examples/qwen3/run_mcore_qwen3.sh", "model_size": "A3B",
+                       "parallel": {"tp": 4, "pp": 2, "cp": 1, "etp": 1, "ep": 4, "sp": True},
+                       "distributed_optimizer": True, "flash_attention": True, "recompute": "sel"}})
 
 
 @job_kind
@@ -149,8 +184,7 @@ class SwiftDPOJob(RecipeJob):
     kind: Literal["swift_dpo"] = "swift_dpo"
     train: SwiftTrainSpec = SwiftTrainSpec()
     recipe_defaults: ClassVar[dict] = {
-        "artifacts": [_model_artifact("qwen3-30b-a3b-instruct-2507", "Qwen/Qwen3-30B-A3B-Instruct-2507",
-                                      "ckpts/huggingface/Qwen3-30B-A3B-Instruct-2507")],
+        "artifacts": [_model_artifact("Qwen/Qwen3-30B-A3B-Instruct-2507")[0]],
         # ms-swift < 3.12 trains from an mcore checkpoint: `swift export --to_mcore` (seed 004's conversion),
         # by the same ms-swift as the trainer: the pipeline converts with train.version.
         "convert": {"backend": "swift", "precision": "bf16"},

@@ -11,7 +11,7 @@ from typing import Literal, Self
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from a4ray.spec.base import Arg, EnvVars, Spec
+from a4ray.spec.fields import Arg, EnvVars, Spec
 
 
 class ParallelSpec(Spec):
@@ -31,7 +31,7 @@ class ParallelSpec(Spec):
 
 class PaiSpec(Spec):
     """Pai-Megatron-Patch's `examples/<model>/run_mcore_qwen3.sh`: the fields its 27 positional arguments and
-    its `MP_*` environment knobs are built from (a4ray/workloads/pai.py)."""
+    its `MP_*` environment knobs are built from (a4ray/trainers/pai.py)."""
 
     repo: str = Field("Pai-Megatron-Patch", description="the staged, pinned checkout (with its Megatron-LM submodules)")
     script: str = Field("examples/qwen3_next/run_mcore_qwen3.sh", description="the run script, relative to the repo")
@@ -109,6 +109,14 @@ class TrainSpec(Spec):
             raise ValueError(f"train.min_lr={self.min_lr:g} is above train.lr={self.lr:g}")
         return self
 
+    def parallelism(self) -> tuple[ParallelSpec, str]:
+        """The trainer's parallelism and its field (the built-in trainer is data-parallel only)."""
+        return {"pai": (self.pai.parallel, "train.pai.parallel"), "torch": (ParallelSpec(), "train")}[self.trainer]
+
+    def sequence(self) -> tuple[str, int]:
+        """The field and value of the sequence length (context parallelism splits it)."""
+        return "train.seq_len", self.seq_len
+
     @property
     def data(self) -> str:
         """The training data path the mode reads."""
@@ -118,7 +126,7 @@ class TrainSpec(Spec):
 
 
 class SwiftTrainSpec(Spec):
-    """ms-swift's `megatron rlhf --rlhf_type dpo` (a4ray/workloads/swift.py builds the flags for `version`)."""
+    """ms-swift's `megatron rlhf --rlhf_type dpo` (a4ray/trainers/swift.py builds the flags for `version`)."""
 
     trainer: Literal["swift"] = "swift"
     version: str = Field("3.8.0", pattern=r"^\d+\.\d+(\.\d+)?$", description="the ms-swift version in the image: "
@@ -167,3 +175,9 @@ class SwiftTrainSpec(Spec):
     cuda_alloc_conf: str = Field("expandable_segments:True", description="PYTORCH_CUDA_ALLOC_CONF")
     extra_args: list[Arg] = Field(default_factory=list, description="more `megatron rlhf` flags, appended as given")
     env: EnvVars = Field(default_factory=dict)
+
+    def parallelism(self) -> tuple[ParallelSpec, str]:
+        return self.parallel, "train.parallel"
+
+    def sequence(self) -> tuple[str, int]:
+        return "train.max_length", self.max_length

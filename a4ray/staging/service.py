@@ -20,11 +20,10 @@ from pathlib import Path
 
 import ray
 
-from a4ray.errors import A4RayError
+from a4ray.core.errors import A4RayError
 from a4ray.runtime.connect import NAMESPACE
-from a4ray.staging.progress import Progress
+from a4ray.staging.display import Progress
 from a4ray.staging.task import ArtifactOutcome, StageRequest, run_stage
-
 
 
 def _code_version() -> str:

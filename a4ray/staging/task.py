@@ -21,14 +21,23 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from a4ray.errors import A4RayError, StagingError
-from a4ray.redact import register_secret
+from a4ray.core.errors import A4RayError, StagingError
+from a4ray.core.redact import register_secret
 from a4ray.spec.artifacts import TOKEN_ENV, ArtifactSpec, StagingOptions
+from a4ray.staging.display import Progress, Reporter, human_bytes
 from a4ray.staging.layout import (
-    ArtifactPaths, FileRecord, Manifest, check_published, locked, publish, read_marker, remove_tree, tree_bytes,
-    walk_files, write_marker,
+    ArtifactPaths,
+    FileRecord,
+    Manifest,
+    check_published,
+    locked,
+    publish,
+    read_marker,
+    remove_tree,
+    tree_bytes,
+    walk_files,
+    write_marker,
 )
-from a4ray.staging.progress import Progress, Reporter, human_bytes
 from a4ray.staging.sources import FetchContext, Listing, Source, source_for
 
 Status = Literal["ran", "cached", "joined", "failed"]

@@ -1,5 +1,2 @@
-"""Workloads: what a node of the gang runs (`base.Workload`), and the programs ranks run under torchrun.
-
-Kept free of imports: a rank's program (`python -m a4ray.workloads.ddp_worker`) imports this package,
-and must not pay for Ray and every workload on each of its processes. `base.registered()` loads them.
-"""
+"""Workloads: what the nodes of a gang run (`workload.Workload`: a command per node, an output parser, a
+typed result), and the attempt loop that relaunches a failed gang as the restart policy allows."""

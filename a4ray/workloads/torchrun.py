@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from a4ray.runtime.gang import NodeContext
+from a4ray.runtime.launch import NodeContext
 
 
 def torchrun(node: NodeContext, target: list[str], *, nproc: int | None = None) -> list[str]:

@@ -27,7 +27,7 @@ if args.fail_rank >= 0:
 import torch
 import torch.distributed as dist
 
-from a4ray.workloads.distributed import exit_distributed
+from a4ray.programs.distributed import exit_distributed
 
 dist.init_process_group("gloo")
 total = torch.tensor([float(dist.get_rank() + 1)])

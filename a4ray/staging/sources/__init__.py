@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from a4ray.spec.artifacts import ArtifactSpec, StagingOptions
-from a4ray.staging.sources.base import FetchContext, Listing, RemoteFile, Source
+from a4ray.staging.sources.source import FetchContext, Listing, RemoteFile, Source
 
 
 def source_for(artifact: ArtifactSpec, options: StagingOptions) -> Source:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import fsspec
 
-from a4ray.staging.sources.base import FetchContext, Listing, RemoteFile, Source, parallel, select
+from a4ray.staging.sources.source import FetchContext, Listing, RemoteFile, Source, parallel, select
 
 PART = ".a4ray-part"
 

@@ -11,9 +11,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from a4ray.redact import redact
+from a4ray.core.redact import redact
 from a4ray.staging.layout import walk_files
-from a4ray.staging.sources.base import FetchContext, Listing, RemoteFile, Source
+from a4ray.staging.sources.source import FetchContext, Listing, RemoteFile, Source
 
 _ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true", "GIT_LFS_SKIP_SMUDGE": "0"}
 

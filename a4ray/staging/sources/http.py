@@ -15,7 +15,7 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
-from a4ray.staging.sources.base import FetchContext, Listing, RemoteFile, Source, parallel
+from a4ray.staging.sources.source import FetchContext, Listing, RemoteFile, Source, parallel
 
 PART = ".a4ray-part"
 _CHUNK = 2**20  # also what a dropped connection can cost: a chunk cut short is not written

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from a4ray.staging.sources.base import FetchContext, Listing, RemoteFile, Source, select
+from a4ray.staging.sources.source import FetchContext, Listing, RemoteFile, Source, select
 
 
 class HfSource(Source):
@@ -33,7 +33,10 @@ class HfSource(Source):
 
     def _explain(self, error: Exception, token: str | None) -> Exception:
         from huggingface_hub.errors import (
-            GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError,
+            GatedRepoError,
+            HfHubHTTPError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
         )
 
         src = self.artifact.source

@@ -1,0 +1,34 @@
+"""What a4ray says to the user: one prefixed, redacted, flushed line at a time (read in `ray job logs`)."""
+
+from __future__ import annotations
+
+import sys
+
+from a4ray.core.redact import redact
+
+
+def say(message: str) -> None:
+    for line in message.splitlines() or [""]:
+        print(f"a4ray: {redact(line)}", flush=True)
+
+
+def warn(message: str) -> None:
+    for line in message.splitlines() or [""]:
+        print(f"a4ray: warning: {redact(line)}", file=sys.stderr, flush=True)
+
+
+def table(title: str, columns: list[str], rows: list[list[object]]) -> str:
+    """A plain-text table (rich, no colour) for job logs and terminals alike."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", show_lines=False)
+    for column in columns:
+        t.add_column(column)
+    for row in rows:
+        t.add_row(*("" if v is None else str(v) for v in row))
+    buffer = io.StringIO()
+    Console(file=buffer, width=160, color_system=None, force_terminal=False).print(t)
+    return buffer.getvalue().rstrip()

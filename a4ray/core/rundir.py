@@ -1,0 +1,77 @@
+"""A run directory under the workspace: the run's record. The resolved spec, the plan, per-node/per-rank
+logs (each step of a pipeline in its own `logs/<step>/`), and `result.json`: the typed result, or how the
+run ended without one (cancelled, refused). Everything is written through here, redacted.
+
+It lives on shared storage, so it outlives the Ray cluster: `<workspace>/runs/<job>-<time>-<id>/`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from a4ray.core.errors import A4RayError
+from a4ray.core.redact import redact
+
+
+class RunDir:
+    def __init__(self, root: Path):
+        self.root = root
+
+    @classmethod
+    def create(cls, workspace: Path, job: str) -> RunDir:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        root = workspace / "runs" / f"{job}-{stamp}-{secrets.token_hex(2)}"
+        (root / "logs").mkdir(parents=True, exist_ok=False)
+        return cls(root)
+
+    @classmethod
+    def existing(cls, root: str | Path) -> RunDir:
+        """A run directory made before the run starts (`a4ray.submit` makes it, the job's driver fills it)."""
+        root = Path(root)
+        if not (root / "logs").is_dir():
+            raise A4RayError(f"{root} is not a run directory (no logs/ in it)",
+                             hint="give --run-dir a directory made by a4ray.submit, or leave it out")
+        return cls(root)
+
+    @property
+    def id(self) -> str:
+        return self.root.name
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def step_logs(self, step: str) -> Path:
+        """Where one step of a pipeline logs (per node and per rank)."""
+        return self.logs / step
+
+    def write_spec(self, spec: BaseModel) -> Path:
+        return self.write("spec.yaml", spec.to_yaml())
+
+    def write_plan(self, plan: str | BaseModel) -> Path:
+        """The plan as run: `plan.json` (a launch's nodes, commands and env) or `plan.txt` (a pipeline's steps)."""
+        return self.write("plan.txt", plan) if isinstance(plan, str) else self.write("plan.json", plan)
+
+    def write_result(self, result: BaseModel) -> Path:
+        return self.write("result.json", result)
+
+    def write_outcome(self, kind: str, verdict: str) -> None:
+        """How the run ended without a typed result (cancelled, refused), unless it recorded one."""
+        if not (self.root / "result.json").exists():
+            self.write("result.json", {"kind": kind, "ok": False, "verdict": verdict})
+
+    def write(self, name: str, content: str | BaseModel | dict) -> Path:
+        path = self.root / name
+        if isinstance(content, BaseModel):
+            content = content.model_dump_json(indent=2)
+        elif isinstance(content, dict):
+            content = json.dumps(content, indent=2, default=str)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(redact(content))
+        tmp.replace(path)
+        return path

@@ -1,0 +1,225 @@
+"""An embedded Ray cluster of simulated A4 nodes on this machine (for rehearsals and tests).
+
+Each simulated node is a real Ray node (its own raylet, via `ray.cluster_utils.Cluster`) with logical
+GPUs, the machine-type resource an A4 node advertises, and node labels carrying a simulated physical
+topology under the same keys GKE uses, so the gang code cannot tell it from A4 nodes. Where this
+machine has enough real GPUs, each node gets its own slice of them (CUDA_VISIBLE_DEVICES of its raylet),
+so NCCL runs across "nodes" for real. Each node also gets its own loopback address (127.0.0.2, .3, ...)
+as its Ray node IP, so rendezvous addresses, MPI hostfiles and OpenMPI itself see distinct hosts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+
+from a4ray.core.console import say, warn
+from a4ray.runtime.rayenv import HEAD_ENV
+from a4ray.spec.cluster import TopologySpec
+
+SIMULATED_LABEL = "a4ray.io/simulated"
+# Where relative local paths (storage.local_workspace) resolve on a simulated cluster: the directory it was
+# started in. Every node's processes get it, because the driver of a `ray job submit` runs in a temporary
+# copy of its working_dir, which Ray deletes when the job ends (taking any run directory inside along).
+LOCAL_ROOT_ENV = "A4RAY_LOCAL_ROOT"
+NODES_PER_SUBBLOCK = 4  # so a simulated topology has more than one subblock to order
+DASHBOARD_PORT = 8265
+
+
+def simulated_location(index: int, topology: TopologySpec) -> dict[str, str]:
+    return {
+        topology.block_label: "sim-block-0",
+        topology.subblock_label: f"sim-subblock-{index // NODES_PER_SUBBLOCK}",
+        topology.host_label: f"sim-host-{index:03d}",
+    }
+
+
+def simulated_ip(index: int) -> str:
+    """Simulated node `index`'s own address: all of 127.0.0.0/8 reaches this machine on Linux."""
+    if not 0 <= index < 250:
+        raise ValueError(f"simulated node index {index} out of range (0..249)")
+    return f"127.0.0.{2 + index}"
+
+
+def physical_gpu_ids() -> list[str]:
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES if set, else what nvidia-smi lists."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g for g in visible.split(",") if g.strip()]
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=True)
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """This process's environment with `values` (where not set already) while the block runs."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+class SimulatedCluster:
+    def __init__(self, nodes: int, gpus_per_node: int, *, machine_type: str = "a4-highgpu-8g",
+                 topology: TopologySpec | None = None, cpus_per_node: int = 4,
+                 dashboard: bool = False, dashboard_port: int | None = None, client_port: int | None = None,
+                 object_store_mb: int = 256, persistent: bool = False, loopback_ips: bool = True,
+                 node_env: dict[int, dict[str, str]] | None = None):
+        self.nodes = nodes
+        self.gpus_per_node = gpus_per_node
+        self.machine_type = machine_type
+        self.topology = topology or TopologySpec()
+        self.cpus_per_node = cpus_per_node
+        self.dashboard = dashboard
+        self.dashboard_port = dashboard_port
+        self.client_port = client_port  # Ray Client server (ray://) on the head, if set
+        self.object_store_mb = object_store_mb
+        self.persistent = persistent
+        self.loopback_ips = loopback_ips
+        self.node_env = node_env or {}  # extra env of one node's processes (e.g. a misconfigured node)
+        self.root = os.environ.get(LOCAL_ROOT_ENV) or os.getcwd()  # relative local paths resolve here
+        self.cluster = None
+        self.workers: dict[int, object] = {}  # simulated node index -> ray._private.node.Node
+        self._gpu_slices: list[str] | None = None
+        self._tmp_root: str | None = None  # each node's own /tmp (see _separate_host_env)
+
+    @property
+    def address(self) -> str:
+        assert self.cluster is not None
+        return self.cluster.address
+
+    @property
+    def dashboard_url(self) -> str | None:
+        return getattr(self.cluster.head_node, "webui_url", None) if self.cluster else None
+
+    def start(self) -> str:
+        from ray.cluster_utils import Cluster
+
+        physical = physical_gpu_ids()
+        if len(physical) >= self.nodes * self.gpus_per_node:
+            self._gpu_slices = physical
+        elif physical:
+            warn(f"{self.nodes} simulated nodes x {self.gpus_per_node} GPUs need {self.nodes * self.gpus_per_node} "
+                 f"GPUs; this machine has {len(physical)}: simulated GPUs are logical only")
+        # The head's dashboard agent would take the fixed port 52365; another Ray on this machine may
+        # hold it, and then job submission finds no agent. Workers already get random ports.
+        head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard, env_vars={LOCAL_ROOT_ENV: self.root},
+                    object_store_memory=128 * 2**20, dashboard_agent_listen_port=_free_port())
+        if self.client_port:
+            head["ray_client_server_port"] = self.client_port
+        if self.dashboard:  # Ray's usual port where it is free: another cluster on this machine may hold it
+            head["dashboard_port"] = self.dashboard_port or (DASHBOARD_PORT if _port_free(DASHBOARD_PORT) else _free_port())
+        self._tmp_root = tempfile.mkdtemp(prefix="a4ray-sim-")
+        with _environ(HEAD_ENV):  # the head's processes (its Ray Client proxy) take it from this process
+            self.cluster = Cluster(initialize_head=True, head_node_args=head,
+                                   shutdown_at_exit=not self.persistent)
+        for index in range(self.nodes):
+            self.add_node(index)
+        return self.address
+
+    def add_node(self, index: int | None = None):
+        """Start simulated node `index` (default: the next free index); returns its Ray node."""
+        assert self.cluster is not None
+        if index is None:
+            index = max(self.workers, default=-1) + 1
+        env = {LOCAL_ROOT_ENV: self.root, **self._separate_host_env(index), **self.node_env.get(index, {})}
+        if self._gpu_slices is not None and (index + 1) * self.gpus_per_node <= len(self._gpu_slices):
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                self._gpu_slices[index * self.gpus_per_node:(index + 1) * self.gpus_per_node])
+        labels = {**simulated_location(index, self.topology), SIMULATED_LABEL: "true",
+                  "a4ray.io/machine-type": self.machine_type}
+        ip = {"node_ip_address": simulated_ip(index)} if self.loopback_ips else {}
+        node = self.cluster.add_node(
+            num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node,
+            resources={self.machine_type: 1}, labels=labels, env_vars=env,
+            object_store_memory=self.object_store_mb * 2**20,
+            # Each machine unpacks a job's working_dir into its own runtime-resources directory, and each
+            # node's agent replaces that copy when it first sets the job up. Simulated nodes share one
+            # session directory: in a shared one, node 1 would delete the copy node 0's processes run in.
+            runtime_env_dir_name=f"runtime_resources_node{index}", **ip,
+        )
+        self.workers[index] = node
+        return node
+
+    def _separate_host_env(self, index: int) -> dict[str, str]:
+        """What makes simulated nodes as separate as machines where it matters, for OpenMPI. Simulated
+        nodes share one hostname, /dev/shm and /tmp, and OpenMPI keys its per-host files by hostname:
+        - each node gets its own TMPDIR, so its OpenMPI session directory (TMPDIR/ompi.HOST.UID/jf.N) is
+          its own: an orted starting clears stale job directories there, which on a shared /tmp would
+          delete the live ones of the other nodes' daemons of the same job, failing their start now and
+          then (TMPDIR is no MCA parameter, so mpirun does not hand node 0's to the other daemons);
+        - ranks of two nodes would map each other's shared-memory segments (named by node-local rank)
+          and crash: their ranks talk TCP instead, as ranks on separate machines do, over loopback,
+          which every simulated node shares (OpenMPI skips loopback by default, and a CI container
+          may have no other interface);
+        - every node's daemon would write the same hwloc topology file (hwloc.sm) at once, which now
+          and then crashes one: the daemons do not share their topology through a file.
+        mpirun forwards OMPI_MCA_* to every daemon, so those settings are the same on every node."""
+        assert self._tmp_root is not None
+        tmp = os.path.join(self._tmp_root, f"n{index}")  # short: OpenMPI puts unix sockets under it
+        os.makedirs(tmp, exist_ok=True)
+        return {"TMPDIR": tmp, "OMPI_MCA_btl": "^vader", "OMPI_MCA_btl_tcp_if_include": "lo",
+                "OMPI_MCA_oob_tcp_if_include": "lo", "OMPI_MCA_rtc_hwloc_vmhole": "none"}
+
+    def remove_node(self, index: int) -> None:
+        """Kill simulated node `index` abruptly, as a lost A4 node would be."""
+        import psutil
+
+        assert self.cluster is not None
+        node = self.workers.pop(index)
+        # A lost machine takes every process on it along: the raylet's workers and what they launched
+        # (which would otherwise live on as orphans here, still computing, still writing checkpoints).
+        doomed = []
+        for info in node.all_processes.get("raylet", []):
+            try:
+                doomed += psutil.Process(info.process.pid).children(recursive=True)
+            except psutil.Error:
+                pass
+        for proc in doomed:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        self.cluster.remove_node(node, allow_graceful=False)
+
+    def describe(self) -> str:
+        gpus = "real GPU slices" if self._gpu_slices else "logical GPUs"
+        return (f"embedded local Ray cluster at {self.address}: {self.nodes} simulated {self.machine_type} "
+                f"node(s) x {self.gpus_per_node} GPUs ({gpus})")
+
+    def shutdown(self) -> None:
+        if self.cluster is not None:
+            say("shutting down the embedded local cluster")
+            self.cluster.shutdown()
+            self.cluster = None
+            self.workers = {}
+        if self._tmp_root is not None:
+            shutil.rmtree(self._tmp_root, ignore_errors=True)
+            self._tmp_root = None

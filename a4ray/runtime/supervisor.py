@@ -1,0 +1,245 @@
+"""Supervising one launch of a gang: every node's lines streamed to the driver with its node and rank, and
+the launch ended on the first failure (a non-zero exit, a lost node), a hang, its timeout or a cancel.
+
+The gang (`gang.py`) places the nodes and starts their commands; it hands the running launch to a
+`Supervisor`, which watches until every command has ended or one ended it, stops the nodes still running
+through the gang, and returns the `Outcome`. Ranks here are launch ranks; `members[rank]` is the node's
+gang rank, used in what is printed so a node keeps one name across launches.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import ray
+
+from a4ray.core.console import say
+from a4ray.observe import hang, metrics
+from a4ray.observe.progress import Progress, progress_summary
+from a4ray.runtime.launch import Launch
+from a4ray.runtime.node_actor import Line, Poll
+from a4ray.spec.resilience import ObserveSpec
+
+LAST_LINES = 20
+# How long a node's long poll waits for news. Lines and the command's end answer at once; an idle node
+# answers this often, which costs the driver ~1.5 ms of CPU a time: every second, that was most of a core
+# at 512 nodes. The supervisor checks deadlines and hangs every second whatever the polls do.
+POLL_WAIT_S = 5.0
+_LOST_CHECK_S = 10.0  # after a node fails: how long its peers have to show they are alive
+
+LineObserver = Callable[[int, Line], None]
+
+
+class Outcome:
+    """How a launch ended, as the supervisor saw it."""
+
+    def __init__(self) -> None:
+        self.kind: Literal["done", "failed", "lost", "hang", "timeout", "cancelled"] = "done"
+        self.message: str | None = None
+        self.hint: str | None = None
+        self.failed_node: int | None = None  # launch rank
+        self.lost: set[int] = set()
+        self.stopped: set[int] = set()
+        self.tails: dict[int, list[str]] = {}
+        self.iterations_seen = 0
+        self.last_iteration: int | None = None
+        self.hang_report: str | None = None
+
+
+class Supervisor:
+    """Streams every node's lines to the driver and ends the launch on the first failure.
+
+    `actors`: the launch's node actors, in launch-rank order; `members`: their gang ranks; `wheres`: how
+    each node is described in messages; `stop(gang_ranks)` stops nodes' process trees (the gang's);
+    `hang_dir`: where a hang report goes; `tags`: the job and run, for metrics.
+    """
+
+    def __init__(self, actors: list, members: list[int], wheres: list[str], launches: list[Launch],
+                 timeout_s: float | None, *, observe: ObserveSpec, observers: list[LineObserver],
+                 stop: Callable[[list[int]], None], hang_dir: Path, tags: tuple[str, str]):
+        self.actors = actors
+        self.members = members
+        self.wheres = wheres
+        self.nproc = [launch.nproc for launch in launches]
+        self.standby = {rank for rank, launch in enumerate(launches) if launch.standby}
+        self.deadline = time.monotonic() + timeout_s if timeout_s else None
+        self.timeout_s = timeout_s
+        self.observe = observe
+        self.observers = observers
+        self.stop = stop
+        self.hang_dir = hang_dir
+        self.tags = tags
+        self.cursors = {rank: 0 for rank in range(len(members))}
+        self.rank_tails: dict[tuple[int, int], list[str]] = {}
+        self.outcome = Outcome()
+        self.watchdog = hang.Watchdog(observe.watchdog)
+        self.last_summary_iteration: int | None = None
+
+    def _emit(self, rank: int, poll: Poll) -> None:
+        node = self.members[rank]
+        if poll.dropped:
+            say(f"[n{node}] ... {poll.dropped} lines not streamed (driver fell behind); "
+                f"they are in the node log")
+        tail = self.outcome.tails.setdefault(rank, [])
+        for line in poll.lines:
+            if line.local_rank is not None:
+                print(f"[n{node} r{rank * self.nproc[rank] + line.local_rank}] {line.text}", flush=True)
+                rank_tail = self.rank_tails.setdefault((rank, line.local_rank), [])
+                rank_tail.append(line.text)
+                del rank_tail[:-LAST_LINES]
+            else:
+                print(f"[n{node}] {line.text}", flush=True)
+            for observer in self.observers:
+                observer(rank, line)
+            if line.progress is not None:
+                self._on_progress(line.progress)
+            tail.append(line.text)
+        del tail[:-LAST_LINES]
+        if poll.lines:
+            self.watchdog.output()
+        self.cursors[rank] = poll.cursor
+
+    def _on_progress(self, progress: Progress) -> None:
+        out = self.outcome
+        self.watchdog.progress()
+        if out.last_iteration is None or progress.iteration > out.last_iteration:
+            out.iterations_seen += 1
+            out.last_iteration = progress.iteration
+            every = self.observe.summary_every
+            if (self.last_summary_iteration is None or progress.iteration - self.last_summary_iteration >= every
+                    or progress.iteration == progress.train_iters):
+                self.last_summary_iteration = progress.iteration
+                say(f"progress: {progress_summary(progress, self.observe.seq_length)}")
+
+    def _on_hang(self, why: str) -> None:
+        metrics.record_hang(*self.tags)
+        summary = hang.report(why, self.actors, self.members, self.hang_dir, py_spy=self.observe.watchdog.py_spy)
+        out = self.outcome
+        out.kind, out.hang_report = "hang", str(self.hang_dir)
+        out.message = f"the launch hung: {why}; {summary}"
+        out.hint = f"stack dumps of every rank are in {self.hang_dir}"
+
+    def watch(self) -> Outcome:
+        out = self.outcome
+        pending = {a.poll.remote(0, POLL_WAIT_S): rank for rank, a in enumerate(self.actors)}
+        try:
+            # Standby nodes never end by themselves: the launch is over when every command has ended.
+            while any(rank not in self.standby for rank in pending.values()):
+                wait_s = 1.0 if self.deadline is None else max(0.0, min(1.0, self.deadline - time.monotonic()))
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
+                for ref in ready:
+                    rank = pending.pop(ref)
+                    try:
+                        poll: Poll = ray.get(ref)
+                    except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
+                        self._fail(rank, "lost", self._lost(rank, f"its node actor died ({type(e).__name__}); "
+                                   "the node was removed, ran out of memory or was killed"))
+                        return self._finish(pending)
+                    self._emit(rank, poll)
+                    if poll.running:
+                        pending[self.actors[rank].poll.remote(poll.cursor, POLL_WAIT_S)] = rank
+                    elif poll.exit_code not in (0, None):
+                        failed = (f"node {self.members[rank]} ({self.wheres[rank]}) exited with code "
+                                  f"{poll.exit_code}{signal_name(poll.exit_code)}")
+                        lost = self._lost_among(sorted(set(pending.values())))
+                        if lost is None:
+                            self._fail(rank, "failed", failed)
+                        else:  # the failure was the echo of a lost peer (a collective's peer vanished)
+                            self._fail(lost, "lost", self._lost(lost, f"its node actor died; {failed} after it"))
+                        return self._finish(pending)
+                why = self.watchdog.why(out.last_iteration) if pending else None
+                if why:
+                    self._on_hang(why)
+                    return self._finish(pending)
+                if self.deadline is not None and time.monotonic() >= self.deadline and pending:
+                    out.kind, out.message = "timeout", f"the launch ran past its timeout ({self.timeout_s:g}s)"
+                    out.hint = "raise timeout_s in the spec if the job needs longer"
+                    return self._finish(pending)
+        except KeyboardInterrupt:
+            out.kind, out.message = "cancelled", "cancelled (Ctrl-C or `ray job stop`)"
+            return self._finish(pending)
+        if pending:  # the standby nodes: their exec'd commands (MPI daemons) end with the launch
+            self.stop([self.members[rank] for rank in pending.values()])
+        return out
+
+    def _lost_among(self, ranks: list[int]) -> int | None:
+        """The first of `ranks` whose node actor is gone. When a node dies, its peers' collectives fail
+        within milliseconds, often before Ray reports the node: the lost node is the root cause."""
+        refs = {self.actors[rank].alive.remote(): rank for rank in ranks}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=_LOST_CHECK_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError):
+                return refs[ref]
+        return None
+
+    def _lost(self, rank: int, why: str) -> str:
+        return f"node {self.members[rank]} ({self.wheres[rank]}) was lost: {why}"
+
+    def _fail(self, rank: int, kind: str, message: str) -> None:
+        out = self.outcome
+        out.kind = kind  # type: ignore[assignment]
+        out.failed_node = rank
+        if kind == "lost":
+            out.lost.add(rank)
+        tail = out.tails.get(rank, [])
+        cause = root_cause(tail) if self.nproc[rank] else None
+        if cause and (rank, cause[1]) in self.rank_tails:
+            global_rank, local_rank, code = cause
+            message += f": rank {global_rank} (local rank {local_rank}) failed first, with exit code {code}"
+            tail = self.rank_tails[(rank, local_rank)]
+            message += f"; last lines of rank {global_rank}"
+        else:
+            message += "; last lines"
+        out.message = message + (":\n" + "\n".join(f"    {t}" for t in tail[-LAST_LINES:]) if tail else "")
+
+    def _finish(self, pending: dict) -> Outcome:
+        """Stop every still-running node, then drain the lines they printed while stopping."""
+        out = self.outcome
+        running = set(pending.values())
+        out.stopped = running - self.standby
+        say(f"stopping {len(running)} node(s): {out.message.splitlines()[0] if out.message else ''}")
+        self.stop([self.members[rank] for rank in sorted(running - out.lost)])
+        for rank in sorted(running - out.lost):
+            try:
+                poll = ray.get(self.actors[rank].poll.remote(self.cursors[rank], 0.0), timeout=30)
+                self._emit(rank, poll)
+            except Exception:  # noqa: BLE001 - an actor that died while stopping is reported as lost
+                out.lost.add(rank)
+        return out
+
+
+_ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_ROOT_CAUSE_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def root_cause(lines: list[str]) -> tuple[int, int, int] | None:
+    """(global rank, local rank, exit code) from the "Root Cause (first observed failure)" report that torchrun
+    and a4ray.runtime.ranks print."""
+    try:
+        start = max(i for i, line in enumerate(lines) if "Root Cause" in line)
+    except ValueError:
+        return None
+    rank = code = None
+    for line in lines[start:]:
+        if rank is None and (m := _ROOT_CAUSE_RANK.match(line)):
+            rank = (int(m.group(1)), int(m.group(2)))
+        elif code is None and (m := _ROOT_CAUSE_CODE.match(line)):
+            code = int(m.group(1))
+    return (*rank, code) if rank and code is not None else None
+
+
+def signal_name(code: int) -> str:
+    """What killed a process that ended with a negative exit code (" (killed by SIGKILL)"), else ""."""
+    if code < 0:
+        try:
+            return f" (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return ""
+    return ""

@@ -1,0 +1,76 @@
+"""Specs of what watches a job: progress summaries, the hang watchdog, and the restart policy."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
+
+from a4ray.spec.fields import Spec
+
+# Failures worth another attempt: the fabric or a peer went away, not the job's configuration.
+RETRY_PATTERNS = [
+    r"Watchdog caught collective operation timeout",
+    r"ProcessGroupNCCL.*(timed out|Timeout)",
+    r"NCCL (error|WARN).*(remote process exited|unhandled system error|Connection closed|timeout)",
+    r"ncclSystemError|ncclRemoteError",
+    r"Connection (reset|closed) by peer",
+    r"(RendezvousTimeoutError|DistNetworkError)",
+    r"CUDA error: an illegal memory access|ECC error|Xid",
+]
+# Failures another attempt cannot fix.
+NEVER_PATTERNS = [
+    r"ModuleNotFoundError|ImportError|SyntaxError|NameError",
+    r"error: (unrecognized|the following) arguments",
+    r"FileNotFoundError|No such file or directory",
+    r"CUDA out of memory|OutOfMemoryError",
+    r"hybrid override pattern is the wrong length",
+]
+
+
+class WatchdogSpec(Spec):
+    """A hang is no new iteration line for `no_progress_s` once training has started, nothing in the
+    first `startup_s`, or no output at all for `no_output_s`. On a hang: stacks of every rank, then
+    restart (if the restart policy allows) or fail."""
+
+    enabled: bool = True
+    no_progress_s: PositiveFloat | None = Field(1800, description="max time between iteration lines")
+    startup_s: PositiveFloat | None = Field(None, description="max time to the first iteration line")
+    no_output_s: PositiveFloat | None = Field(None, description="max time with no output from any node")
+    py_spy: bool = Field(True, description="dump the Python stacks of every rank on a hang")
+    flight_recorder: bool = Field(
+        True, description="keep PyTorch's NCCL flight recorder on (TORCH_FR_BUFFER_SIZE) and dump it on a hang")
+
+
+class RestartSpec(Spec):
+    """Relaunch the gang (a new placement group, so a lost node is replaced by a free one) from the
+    latest complete checkpoint, up to `max_restarts` times. Never after success or a config error."""
+
+    max_restarts: NonNegativeInt = 0
+    backoff_s: float = Field(10, ge=0)
+    retry_exit_codes: list[int] = Field(default_factory=list, description="always retried")
+    never_exit_codes: list[int] = Field(default_factory=lambda: [2], description="never retried (2: usage error)")
+    retry_patterns: list[str] = Field(default_factory=lambda: list(RETRY_PATTERNS))
+    never_patterns: list[str] = Field(default_factory=lambda: list(NEVER_PATTERNS))
+    unknown: Literal["retry-if-progressed", "retry", "fail"] = Field(
+        "retry-if-progressed",
+        description="other failures: retry only if this attempt got past an iteration (a crash before the "
+        "first step is most likely configuration)",
+    )
+
+
+class ObserveSpec(Spec):
+    summary_every: PositiveInt = Field(10, description="print a progress summary every N iterations")
+    seq_length: PositiveInt | None = Field(None, description="tokens per sample, to derive tokens/s")
+    watchdog: WatchdogSpec = WatchdogSpec()
+
+
+class DoctorSpec(Spec):
+    """Preflight thresholds (`a4ray doctor`, and the pipeline's preflight step before training)."""
+
+    min_shm_gb: float = Field(8, ge=0, description="/dev/shm size below this is a warning (A4 pods: 250Gi)")
+    min_free_disk_gb: float = Field(20, ge=0, description="free space on the workspace below this is a failure")
+    max_clock_skew_s: float = Field(2.0, gt=0, description="clock skew against the driver above this fails")
+    network: bool = Field(True, description="run a short all-reduce over the gang and check NCCL's transport")
+    network_bytes: str = Field("1G", description="all-reduce size of the network check (nccl-tests notation); "
+                               "its busbw is held to nccl_test's all_reduce thresholds")

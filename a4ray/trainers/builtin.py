@@ -1,0 +1,140 @@
+"""The train step with the built-in trainer: torchrun of `a4ray.trainer` on every node, one process per GPU.
+
+Its checkpoints live in `<train.output>/checkpoint` (Megatron's tracker layout); a relaunch, a rerun or a
+restart after a lost node resumes from the newest one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from a4ray.core.console import table
+from a4ray.core.results import axes
+from a4ray.runtime.launch import GangResult, Launch, NodeContext
+from a4ray.spec.recipes import RecipeJob
+from a4ray.trainer.checkpoint import latest
+from a4ray.trainers.interface import Trainer
+from a4ray.workloads.torchrun import torchrun
+from a4ray.workloads.workload import WorkloadResult
+
+
+class TorchTrainResult(WorkloadResult):
+    kind: str = "torch"
+    world_size: int = 0
+    backend: str = ""
+    devices: list[str] = []
+    iterations: int = 0
+    start_iteration: int = 0
+    loss_first: float | None = None
+    loss_last: float | None = None
+    losses: list[float] = []
+    step_time_ms: float | None = None
+    tokens_per_s: float | None = None
+    checkpoint: str = ""
+
+    def table(self) -> str:
+        if not self.losses:
+            return ""
+        first = self.start_iteration + 1
+        n = len(self.losses)
+        marks = sorted({0, n // 4, n // 2, 3 * n // 4, n - 1})
+        rows = [[first + i, f"{self.losses[i]:.4f}"] for i in marks]
+        return table("lm loss", ["iteration", "lm loss"], rows)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{"iteration": self.start_iteration + 1 + i, "loss": loss} for i, loss in enumerate(self.losses)]
+
+    def summary(self) -> dict[str, Any]:
+        return {"loss": self.loss_last, "step ms": self.step_time_ms, "tokens/s": self.tokens_per_s}
+
+    def plot(self, ax=None):
+        ax = axes(ax, title=f"lm loss ({self.world_size} ranks, {self.backend})", xlabel="iteration", ylabel="lm loss")
+        rows = self.rows()
+        ax.plot([r["iteration"] for r in rows], [r["loss"] for r in rows], marker=".")
+        return ax
+
+
+class TorchTrain(Trainer):
+    name = kind = "torch"
+
+    def __init__(self, spec: RecipeJob, *, workspace: str, checkpoint: str = ""):
+        super().__init__(spec, workspace=workspace, checkpoint=checkpoint)
+        t, at = spec.train, spec.on_nodes
+        self.model, self.data = at(workspace, t.model), at(workspace, t.data)
+
+    def runs(self) -> str:
+        return "a4ray's built-in trainer: torchrun of a4ray.trainer on every node (DDP)"
+
+    @property
+    def save_dir(self) -> str:
+        return str(PurePosixPath(self.output) / "checkpoint")
+
+    @property
+    def checkpoints(self) -> str:
+        return self.save_dir
+
+    def problems(self) -> list[str]:
+        t = self.spec.train
+        if t.mode == "sft" and t.sft_data == "mmap":
+            return ["train.sft_data=mmap: the built-in trainer reads SFT from JSON (train.sft_data=json)"]
+        return []
+
+    def conversion_skipped(self) -> str | None:
+        backend = self.spec.convert.backend
+        if backend != "native":
+            return ("the built-in trainer trains from the Hugging Face checkpoint (train.model); with "
+                    f"train.trainer=pai this step runs the {backend} converter")
+        return None
+
+    def outputs(self, result: WorkloadResult) -> dict[str, str]:
+        checkpoint = getattr(result, "checkpoint", "")
+        return {**super().outputs(result), **({"checkpoint": checkpoint} if checkpoint else {})}
+
+    def inputs(self) -> dict[str, str]:
+        t = self.spec.train
+        needed = {"the model's config.json (train.model)": f"{self.model}/config.json"}
+        if t.mode == "pretrain":
+            needed.update({f"the dataset (train.pretrain_data) .{ext}": f"{self.data}.{ext}" for ext in ("bin", "idx")})
+        else:
+            needed["the SFT JSON (train.sft_json)"] = self.data
+        return needed
+
+    def trainer_args(self) -> list[str]:
+        t = self.spec.train
+        o = t.torch
+        args = ["--model", self.model, "--mode", t.mode, "--data", self.data, "--save", self.save_dir,
+                "--seq-len", str(t.seq_len), "--micro-batch", str(t.micro_batch_size),
+                "--iterations", str(t.iterations), "--warmup", str(t.warmup_iterations), "--lr", f"{t.lr:g}",
+                "--min-lr", f"{t.min_lr:g}", "--weight-decay", f"{o.weight_decay:g}", "--grad-clip", f"{o.grad_clip:g}",
+                "--save-interval", str(t.save_interval), "--log-interval", str(t.log_interval),
+                "--keep", str(o.keep_checkpoints), "--seed", str(o.seed), "--backend", o.backend,
+                "--precision", o.precision, "--global-batch", str(self.spec.global_batch)]
+        if o.num_layers:
+            args += ["--num-layers", str(o.num_layers)]
+        if o.threads:
+            args += ["--threads", str(o.threads)]
+        return args
+
+    def launch(self, node: NodeContext) -> Launch:
+        return Launch(argv=torchrun(node, ["-m", "a4ray.trainer", *self.trainer_args()]), nproc=node.gpus)
+
+    def resume_note(self) -> str:
+        done = latest(Path(self.save_dir))  # where the driver sees the workspace; else the trainer finds it
+        return (f"the trainer resumes from checkpoint iteration {done}" if done else
+                f"the trainer resumes from its newest checkpoint in {self.save_dir}, if any")
+
+    def result(self, gang: GangResult) -> TorchTrainResult:
+        record = next((r for r in gang.records if r.get("trainer") == "torch"), None)
+        fields = {k: v for k, v in (record or {}).items() if k in TorchTrainResult.model_fields}
+        ok = gang.ok and record is not None
+        if ok:
+            trained = record.get("trained", 0)
+            resumed = f", resumed from iteration {record['start_iteration']}" if record.get("start_iteration") else ""
+            loss = (f"; lm loss {record['loss_first']:.3f} -> {record['loss_last']:.3f}"
+                    if trained and record.get("loss_first") is not None else "")
+            verdict = (f"PASS: {trained} iteration(s) to {record['iterations']} on {record['world_size']} rank(s) "
+                       f"({record['backend']}){resumed}{loss}; checkpoint {record['checkpoint']}")
+        else:
+            verdict = f"FAIL: {(gang.failure or 'the trainer reported no result').splitlines()[0]}"
+        return TorchTrainResult(ok=ok, verdict=verdict, gang=gang, **fields)
