@@ -19,8 +19,8 @@ import psutil
 import pytest
 import torch
 
-from a4ray.convert.hf import HFCheckpoint
-from a4ray.convert.mapping import (
+from a4ray.hf2mcore.hf import HFCheckpoint
+from a4ray.hf2mcore.mapping import (
     CONV_PARTS,
     IN_PROJ_PARTS,
     Architecture,
@@ -30,8 +30,8 @@ from a4ray.convert.mapping import (
     to_hf,
     to_mcore,
 )
-from a4ray.convert.native import check_disk, check_memory
-from a4ray.convert.tiny import QWEN3_NEXT_TINY, write_tiny, write_tiny_next
+from a4ray.hf2mcore.native import check_disk, check_memory
+from a4ray.hf2mcore.tiny import QWEN3_NEXT_TINY, write_tiny, write_tiny_next
 from a4ray.core.errors import (
     ConvertFailed,
     ConvertInputError,
@@ -269,13 +269,13 @@ def test_bad_inputs_get_errors_that_name_the_problem(models, tmp_path):
         check_disk(tmp_path, 10**18)
 
     with pytest.raises(SpecError, match="convert.naming=local"):
-        from a4ray.convert.converter import ConvertWorkload
+        from a4ray.hf2mcore.converter import ConvertWorkload
 
         ConvertWorkload(job("convert", "convert.input=x", "convert.backend=pai", "convert.naming=local")).check()
 
 
 def test_the_cache_key_follows_the_input(tmp_path):
-    from a4ray.convert.hf import fingerprint
+    from a4ray.hf2mcore.hf import fingerprint
 
     (tmp_path / "model.safetensors").write_bytes(b"x" * 10)
     first = fingerprint(tmp_path)
@@ -292,7 +292,7 @@ def test_the_cache_key_follows_the_input(tmp_path):
 def test_temporaries_of_dead_runs_are_swept_and_live_ones_kept(tmp_path):
     import socket
 
-    from a4ray.convert.cache import OWNER, OutputDir
+    from a4ray.hf2mcore.cache import OWNER, OutputDir
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -416,7 +416,7 @@ def test_spliced_records_load_as_the_tensor_they_stand_for(tmp_path, monkeypatch
     from torch.distributed.checkpoint.metadata import MetadataIndex
     from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 
-    from a4ray.convert import writer
+    from a4ray.hf2mcore import writer
 
     def cross_device(*args):
         raise OSError(errno.EXDEV, "Invalid cross-device link")

@@ -24,7 +24,7 @@ DEFERRED = {
         "a4ray.k8s.client": "the kubernetes client takes ~1 s to import; `a4ray render` never needs it",
     },
     "a4ray.staging.standins": {
-        "a4ray.convert.tiny": "transformers takes seconds to import; only making the stand-ins needs it",
+        "a4ray.hf2mcore.tiny": "transformers takes seconds to import; only making the stand-ins needs it",
     },
     "a4ray.staging.sources": {
         "a4ray.staging.sources.hub": "huggingface_hub is imported only for hf:// sources",
@@ -34,8 +34,8 @@ DEFERRED = {
     },
 }
 # The top level: what users import or run by name (`a4ray.<kind>` modules are named in rendered RayJobs).
-PUBLIC = {"__init__", "api", "cli", "ddp_test", "nccl_test", "deepep_test", "qwen3", "qwen3_next", "swift_dpo",
-          "stage"}
+PUBLIC = {"__init__", "api", "cli", "convert", "ddp_test", "nccl_test", "deepep_test", "qwen3", "qwen3_next",
+          "swift_dpo", "stage"}
 
 
 def _modules() -> dict[str, Path]:

@@ -14,7 +14,7 @@ from typing import ClassVar, Protocol
 
 from pydantic import BaseModel
 
-from a4ray.convert.converter import ConvertWorkload
+from a4ray.hf2mcore.converter import ConvertWorkload
 from a4ray.core.errors import SpecError
 from a4ray.core.results import Result
 from a4ray.core.rundir import RunDir

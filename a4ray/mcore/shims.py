@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from a4ray.convert.mapping import Architecture, Naming
+from a4ray.hf2mcore.mapping import Architecture, Naming
 from a4ray.core.errors import ConvertError
 
 

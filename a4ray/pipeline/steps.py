@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
-from a4ray.convert.converter import ConvertWorkload
+from a4ray.hf2mcore.converter import ConvertWorkload
 from a4ray.core.console import say
 from a4ray.core.errors import A4RayError, SpecError, StagingFailed, StepError
 from a4ray.core.rundir import RunDir
@@ -139,7 +139,7 @@ class Convert(Step):
     name = "convert"
 
     def job(self) -> ConvertJob:
-        """The conversion this recipe needs, as the `convert` job a4ray.convert runs."""
+        """The conversion this recipe needs, as the `convert` job (a4ray.hf2mcore.converter) runs."""
         spec, c = self.spec, self.spec.convert
         section = self.trainer.convert_section(
             c.model_copy(update={"input": c.input or spec.model_dir, "output": spec.convert_output}))

@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from a4ray.convert.backends import pai_contract_env
+from a4ray.hf2mcore.backends import pai_contract_env
 from a4ray.observe.progress import parse_progress
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.recipes import RecipeJob

@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from a4ray.convert.mapping import Architecture, ExtraState, Naming, Unit
+from a4ray.hf2mcore.mapping import Architecture, ExtraState, Naming, Unit
 
 RELEASE = "release"
 TRACKER = "latest_checkpointed_iteration.txt"

@@ -18,8 +18,8 @@ from typing import Literal
 import ray
 import torch
 
-from a4ray.convert import backends, native, verify
-from a4ray.convert.cache import (
+from a4ray.hf2mcore import backends, native, verify
+from a4ray.hf2mcore.cache import (
     CONVERTER_VERSION,
     ConvertRecord,
     OutputDir,
@@ -28,9 +28,9 @@ from a4ray.convert.cache import (
     cache_key,
     write_record,
 )
-from a4ray.convert.hf import HFCheckpoint, fingerprint
-from a4ray.convert.mapping import Architecture, hf_tensors, torch_dtype
-from a4ray.convert.writer import TRACKER
+from a4ray.hf2mcore.hf import HFCheckpoint, fingerprint
+from a4ray.hf2mcore.mapping import Architecture, hf_tensors, torch_dtype
+from a4ray.hf2mcore.writer import TRACKER
 from a4ray.core.console import say, table
 from a4ray.core.errors import (
     ConvertFailed,

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel
 
-from a4ray.convert.writer import TRACKER
+from a4ray.hf2mcore.writer import TRACKER
 from a4ray.core.console import say, warn
 
 RECORD = "a4ray-convert.json"

@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from a4ray.convert.cache import VerifyReport
-from a4ray.convert.hf import HFCheckpoint
-from a4ray.convert.mapping import Architecture, Naming, Slot, extra_states, groups, slots, to_hf, to_mcore
-from a4ray.convert.writer import LEGACY_FILE, RELEASE, TRACKER
+from a4ray.hf2mcore.cache import VerifyReport
+from a4ray.hf2mcore.hf import HFCheckpoint
+from a4ray.hf2mcore.mapping import Architecture, Naming, Slot, extra_states, groups, slots, to_hf, to_mcore
+from a4ray.hf2mcore.writer import LEGACY_FILE, RELEASE, TRACKER
 from a4ray.core.errors import ConvertInputError
 from a4ray.mcore import shims as mcore_cpu
 from a4ray.spec.conversion import VerifySpec

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from a4ray.convert.mapping import Architecture
+from a4ray.hf2mcore.mapping import Architecture
 from a4ray.core.errors import ConvertInputError
 
 INDEX = "model.safetensors.index.json"

@@ -23,10 +23,10 @@ import torch
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from a4ray.convert import writer
-from a4ray.convert.cache import PartRecord
-from a4ray.convert.hf import HFCheckpoint
-from a4ray.convert.mapping import (
+from a4ray.hf2mcore import writer
+from a4ray.hf2mcore.cache import PartRecord
+from a4ray.hf2mcore.hf import HFCheckpoint
+from a4ray.hf2mcore.mapping import (
     Architecture,
     ExtraState,
     Naming,

@@ -1,5 +1,5 @@
-"""HF -> Megatron-core checkpoint conversion as a job and a pipeline step: parallel, memory-bounded,
-verified, cached.
+"""HF -> Megatron-core checkpoint conversion as a job (`python -m a4ray.convert`) and a pipeline step:
+parallel, memory-bounded, verified, cached.
 
     import a4ray
 
