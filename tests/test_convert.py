@@ -19,19 +19,6 @@ import psutil
 import pytest
 import torch
 
-from a4ray.hf2mcore.hf import HFCheckpoint
-from a4ray.hf2mcore.mapping import (
-    CONV_PARTS,
-    IN_PROJ_PARTS,
-    Architecture,
-    ExtraState,
-    hf_tensors,
-    slots,
-    to_hf,
-    to_mcore,
-)
-from a4ray.hf2mcore.native import check_disk, check_memory
-from a4ray.hf2mcore.tiny import QWEN3_NEXT_TINY, write_tiny, write_tiny_next
 from a4ray.core.errors import (
     ConvertFailed,
     ConvertInputError,
@@ -41,6 +28,11 @@ from a4ray.core.errors import (
     VerifyFailed,
 )
 from a4ray.driver.execute import run as convert
+from a4ray.hf2mcore.hf import HFCheckpoint
+from a4ray.hf2mcore.mapping import CONV_PARTS, IN_PROJ_PARTS, ExtraState, hf_tensors, slots, to_hf, to_mcore
+from a4ray.hf2mcore.native import check_disk, check_memory
+from a4ray.hf2mcore.tiny import QWEN3_NEXT_TINY, write_tiny, write_tiny_next
+from a4ray.mcore.architecture import Architecture
 from tests.conftest import PYTHON, REPO, isolated_env, job
 
 

@@ -14,10 +14,10 @@ from typing import ClassVar, Protocol
 
 from pydantic import BaseModel
 
-from a4ray.hf2mcore.converter import ConvertWorkload
 from a4ray.core.errors import SpecError
 from a4ray.core.results import Result
 from a4ray.core.rundir import RunDir
+from a4ray.hf2mcore.converter import ConvertWorkload
 from a4ray.pipeline.runner import Pipeline
 from a4ray.runtime.connect import Connection
 from a4ray.spec.job import JOB_KINDS, JobSpec

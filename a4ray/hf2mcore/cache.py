@@ -22,8 +22,8 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel
 
-from a4ray.hf2mcore.writer import TRACKER
 from a4ray.core.console import say, warn
+from a4ray.hf2mcore.writer import TRACKER
 
 RECORD = "a4ray-convert.json"
 OWNER = ".a4ray-owner"  # in a temporary directory: the process writing it

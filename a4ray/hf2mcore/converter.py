@@ -18,6 +18,16 @@ from typing import Literal
 import ray
 import torch
 
+from a4ray.core.console import say, table
+from a4ray.core.errors import (
+    ConvertFailed,
+    ConvertInputError,
+    InsufficientResources,
+    SpecError,
+    UnsupportedModel,
+    VerifyFailed,
+)
+from a4ray.core.rundir import RunDir
 from a4ray.hf2mcore import backends, native, verify
 from a4ray.hf2mcore.cache import (
     CONVERTER_VERSION,
@@ -29,18 +39,9 @@ from a4ray.hf2mcore.cache import (
     write_record,
 )
 from a4ray.hf2mcore.hf import HFCheckpoint, fingerprint
-from a4ray.hf2mcore.mapping import Architecture, hf_tensors, torch_dtype
+from a4ray.hf2mcore.mapping import hf_tensors, torch_dtype
 from a4ray.hf2mcore.writer import TRACKER
-from a4ray.core.console import say, table
-from a4ray.core.errors import (
-    ConvertFailed,
-    ConvertInputError,
-    InsufficientResources,
-    SpecError,
-    UnsupportedModel,
-    VerifyFailed,
-)
-from a4ray.core.rundir import RunDir
+from a4ray.mcore.architecture import Architecture
 from a4ray.runtime.connect import Connection
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.conversion import ConvertJob

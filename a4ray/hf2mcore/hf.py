@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from a4ray.hf2mcore.mapping import Architecture
 from a4ray.core.errors import ConvertInputError
+from a4ray.mcore.architecture import Architecture
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

@@ -1,7 +1,7 @@
 """How a Hugging Face Qwen3 / Qwen3-MoE / Qwen3-Next checkpoint maps onto Megatron-core parameters, and back.
 
 A `Slot` is one mcore tensor of one layer (or of one expert of one layer), built from one or more HF
-tensors. Its names come from one table, `_NAMES`, in both namings mcore uses:
+tensors. Its names come from one table, `a4ray.mcore.names.NAMES`, in both namings mcore uses:
 
 * `sharded_key`: the key in a torch_dist checkpoint. Layers are stacked: a layer's tensor is the chunk at
   offset `(layer[, expert], 0, ...)` of a global `[L(, E), ...]` tensor (mcore's `sharded_state_dict`).
@@ -37,19 +37,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-from a4ray.core.errors import UnsupportedModel
-
-Naming = Literal["te", "local"]
-
-# HF `architectures[0]` -> the family the native backend converts.
-NATIVE_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
-                        "Qwen3NextForCausalLM": "qwen3_next"}
-# Qwen3-Next's layer kinds (HF `layer_types`).
-FULL_ATTENTION, LINEAR_ATTENTION = "full_attention", "linear_attention"
+from a4ray.mcore.architecture import Architecture, Naming
+from a4ray.mcore.names import CONV_PARTS, IN_PROJ_PARTS, LAYERS, names
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
            "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -59,220 +51,12 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-@dataclass(frozen=True)
-class Architecture:
-    """The shape of a Qwen3 / Qwen3-MoE / Qwen3-Next model, read from its HF config.json."""
-
-    family: Literal["qwen3", "qwen3_moe", "qwen3_next"]
-    layers: int
-    hidden: int
-    heads: int
-    groups: int  # query groups = key/value heads
-    head_dim: int
-    ffn: int  # dense MLP width (unused by MoE layers)
-    vocab: int
-    tied: bool
-    norm_eps: float
-    rope_theta: float
-    rope_type: str
-    max_positions: int
-    dtype: str  # the config's dtype (the tensors' own dtype wins when they disagree)
-    experts: int = 0
-    moe_ffn: int = 0
-    topk: int = 0
-    norm_topk_prob: bool = True
-    # Qwen3-Next
-    shared_ffn: int = 0  # the shared expert's width
-    layer_types: tuple[str, ...] = ()  # FULL_ATTENTION or LINEAR_ATTENTION, per layer
-    rotary_fraction: float = 1.0  # partial rotary: the share of head_dim RoPE rotates
-    linear_key_heads: int = 0
-    linear_value_heads: int = 0
-    linear_key_dim: int = 0
-    linear_value_dim: int = 0
-    conv_kernel: int = 0
-
-    @property
-    def moe(self) -> bool:
-        return self.experts > 0
-
-    @property
-    def hybrid(self) -> bool:
-        """Layers of two kinds (Qwen3-Next): mcore keys each layer by its index instead of stacking them."""
-        return self.family == "qwen3_next"
-
-    @property
-    def gated_attention(self) -> bool:
-        """q_proj also yields a sigmoid output gate per head (Qwen3-Next; mcore's attention_output_gate)."""
-        return self.family == "qwen3_next"
-
-    def full_attention(self, layer: int) -> bool:
-        return not self.hybrid or self.layer_types[layer] == FULL_ATTENTION
-
-    @property
-    def linear_attention_freq(self) -> int | list[int]:
-        """mcore's `linear_attention_freq`: N where every N-th layer is full attention, else the pattern
-        (1: DeltaNet, 0: attention)."""
-        pattern = [0 if t == FULL_ATTENTION else 1 for t in self.layer_types]
-        for n in range(1, self.layers + 1):
-            if pattern == [0 if (i + 1) % n == 0 else 1 for i in range(self.layers)]:
-                return n
-        return pattern
-
-    def target_problems(self, naming: str, fmt: str) -> list[str]:
-        """What of a conversion target (`convert.naming` / `convert.format`) mcore has no model for."""
-        if not self.hybrid:
-            return []
-        return ([f"convert.naming={naming}: megatron-core builds Qwen3-Next with the Transformer Engine spec "
-                 "only (its hybrid block spec asserts transformer_impl=transformer_engine); use naming te"]
-                if naming != "te" else []) + (
-                [f"convert.format={fmt}: Qwen3-Next converts to torch_dist only (the legacy state dict holds "
-                 "the DeltaNet projections fused, torch_dist in parts)"] if fmt != "torch_dist" else [])
-
-    @classmethod
-    def from_config(cls, config: dict, source: str) -> Architecture:
-        archs = config.get("architectures") or []
-        arch = archs[0] if archs else f"(none; model_type {config.get('model_type')!r})"
-        family = NATIVE_ARCHITECTURES.get(arch)
-        if family is None:
-            raise UnsupportedModel(
-                f"{source}: architecture {arch} is not supported by the native backend "
-                f"(it converts {', '.join(NATIVE_ARCHITECTURES)})", hint="use backend: pai or swift if they support it")
-        problems = []
-        if config.get("attention_bias"):
-            problems.append("attention_bias=true (Qwen3 checkpoints have none)")
-        heads = config["num_attention_heads"]
-        groups = config.get("num_key_value_heads") or heads
-        if heads % groups:
-            problems.append(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={groups}")
-        experts = 0
-        if family in ("qwen3_moe", "qwen3_next"):
-            experts = config.get("num_experts") or config.get("num_local_experts") or 0
-            if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
-                problems.append("dense layers between MoE layers (mlp_only_layers / decoder_sparse_step): "
-                                + ("the native mapping has every layer MoE" if family == "qwen3_next" else
-                                   "mcore's stacked torch_dist layout needs every layer to be MoE"))
-        if family == "qwen3_moe" and config.get("shared_expert_intermediate_size"):
-            problems.append("shared experts (not part of Qwen3-MoE)")
-        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        next_fields: dict = {}
-        if family == "qwen3_next":
-            next_fields, found = cls._next_fields(config, rope)
-            problems += found
-            if not experts:
-                problems.append("no experts (every Qwen3-Next layer is MoE)")
-        if problems:
-            raise UnsupportedModel(f"{source}: {arch} with " + "; ".join(problems)
-                                   + " is not supported by the native backend")
-        return cls(
-            family=family, layers=config["num_hidden_layers"], hidden=config["hidden_size"], heads=heads,
-            groups=groups, head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-            ffn=config.get("intermediate_size", 0), vocab=config["vocab_size"],
-            tied=bool(config.get("tie_word_embeddings", False)), norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
-            rope_type=rope.get("rope_type", rope.get("type", "default")),
-            max_positions=config.get("max_position_embeddings", 4096),
-            dtype=str(config.get("dtype") or config.get("torch_dtype") or "bfloat16"),
-            experts=experts, moe_ffn=config.get("moe_intermediate_size", 0) if experts else 0,
-            topk=config.get("num_experts_per_tok", 0) if experts else 0,
-            norm_topk_prob=bool(config.get("norm_topk_prob", True)), **next_fields,
-        )
-
-    @staticmethod
-    def _next_fields(config: dict, rope: dict) -> tuple[dict, list[str]]:
-        """Qwen3-Next's fields, and what the native backend cannot convert."""
-        layers = config["num_hidden_layers"]
-        interval = config.get("full_attention_interval") or 4
-        # Older configs give the interval only: layer i is full attention where (i + 1) % interval == 0.
-        types = tuple(config.get("layer_types") or (FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION
-                                                    for i in range(layers)))
-        key_heads, value_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
-        problems = []
-        if len(types) != layers or set(types) - {FULL_ATTENTION, LINEAR_ATTENTION}:
-            problems.append(f"layer_types {list(types)} (expected {layers} of {FULL_ATTENTION} / {LINEAR_ATTENTION})")
-        if value_heads % key_heads:
-            problems.append(f"linear_num_value_heads={value_heads} is not a multiple of "
-                            f"linear_num_key_heads={key_heads}")
-        if not config.get("shared_expert_intermediate_size"):
-            problems.append("no shared expert (mcore's Qwen3-Next has one, gated)")
-        return dict(
-            shared_ffn=config.get("shared_expert_intermediate_size") or 0, layer_types=types,
-            rotary_fraction=float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))),
-            linear_key_heads=key_heads, linear_value_heads=value_heads, linear_key_dim=config["linear_key_head_dim"],
-            linear_value_dim=config["linear_value_head_dim"], conv_kernel=config.get("linear_conv_kernel_dim", 4),
-        ), problems
-
-
 # ----------------------------------------------------------------------------------------- names
-
-_L = "decoder.layers."
-# role -> naming -> (sharded key, state key format). {l}: layer, {e}: expert.
-_NAMES: dict[str, dict[str, tuple[str, str]]] = {
-    "embed": {"local": ("embedding.word_embeddings.weight", "embedding.word_embeddings.weight")},
-    "input_norm": {"local": (_L + "self_attention.linear_qkv.layer_norm_weight", _L + "{l}.input_layernorm.weight"),
-                   "te": (_L + "self_attention.linear_qkv.layer_norm_weight",
-                          _L + "{l}.self_attention.linear_qkv.layer_norm_weight")},
-    "qkv": {"local": (_L + "self_attention.linear_qkv.weight", _L + "{l}.self_attention.linear_qkv.weight")},
-    "q_norm": {"local": (_L + "self_attention.q_layernorm.weight", _L + "{l}.self_attention.q_layernorm.weight")},
-    "k_norm": {"local": (_L + "self_attention.k_layernorm.weight", _L + "{l}.self_attention.k_layernorm.weight")},
-    "proj": {"local": (_L + "self_attention.linear_proj.weight", _L + "{l}.self_attention.linear_proj.weight")},
-    # Dense layers: TE fuses the pre-MLP norm into linear_fc1; the local spec maps it there for sharding.
-    "mlp_norm": {"local": (_L + "mlp.linear_fc1.layer_norm_weight", _L + "{l}.pre_mlp_layernorm.weight"),
-                 "te": (_L + "mlp.linear_fc1.layer_norm_weight", _L + "{l}.mlp.linear_fc1.layer_norm_weight")},
-    # MoE layers: TE keeps a separate TENorm; the local spec still maps it onto linear_fc1's key.
-    "moe_norm": {"local": (_L + "mlp.linear_fc1.layer_norm_weight", _L + "{l}.pre_mlp_layernorm.weight"),
-                 "te": (_L + "pre_mlp_layernorm.weight", _L + "{l}.pre_mlp_layernorm.weight")},
-    "fc1": {"local": (_L + "mlp.linear_fc1.weight", _L + "{l}.mlp.linear_fc1.weight")},
-    "fc2": {"local": (_L + "mlp.linear_fc2.weight", _L + "{l}.mlp.linear_fc2.weight")},
-    "router": {"local": (_L + "mlp.router.weight", _L + "{l}.mlp.router.weight")},
-    # SequentialMLP (local) and TEGroupedMLP share the sharded layout [L, E, ...]; their state dicts differ.
-    "expert_fc1": {"local": (_L + "mlp.experts.experts.linear_fc1.weight",
-                             _L + "{l}.mlp.experts.local_experts.{e}.linear_fc1.weight"),
-                   "te": (_L + "mlp.experts.experts.linear_fc1.weight", _L + "{l}.mlp.experts.linear_fc1.weight{e}")},
-    "expert_fc2": {"local": (_L + "mlp.experts.experts.linear_fc2.weight",
-                             _L + "{l}.mlp.experts.local_experts.{e}.linear_fc2.weight"),
-                   "te": (_L + "mlp.experts.experts.linear_fc2.weight", _L + "{l}.mlp.experts.linear_fc2.weight{e}")},
-    "final_norm": {"local": ("decoder.final_layernorm.weight", "decoder.final_layernorm.weight")},
-    "output": {"local": ("output_layer.weight", "output_layer.weight")},
-}
-
-
-def _te(module_param: str) -> dict[str, tuple[str, str]]:
-    """A Qwen3-Next layer tensor: TE naming only (the only spec mcore builds that model with)."""
-    return {"te": (_L + module_param, _L + "{l}." + module_param)}
-
-
-# mcore's torch_dist parts of GatedDeltaNet's fused in_proj and conv1d weights, in their row order.
-IN_PROJ_PARTS = ("query", "key", "value", "z", "beta", "alpha")
-CONV_PARTS = ("query", "key", "value")
-_NAMES.update({
-    # Gated DeltaNet layers. The state dict holds in_proj / conv1d whole, rows in part order.
-    "gdn_norm": _te("self_attention.in_proj.layer_norm_weight"),  # the input norm, fused into in_proj
-    **{f"in_proj.{part}": {"te": (_L + f"self_attention.in_proj.weight.{part}",
-                                  _L + "{l}.self_attention.in_proj.weight")} for part in IN_PROJ_PARTS},
-    **{f"conv1d.{part}": {"te": (_L + f"self_attention.conv1d.weight.{part}",
-                                 _L + "{l}.self_attention.conv1d.weight")} for part in CONV_PARTS},
-    "a_log": _te("self_attention.A_log"),
-    "dt_bias": _te("self_attention.dt_bias"),
-    "out_norm": _te("self_attention.out_norm.weight"),
-    "out_proj": _te("self_attention.out_proj.weight"),
-    # The shared expert of Qwen3-Next's MoE layers, and its sigmoid gate.
-    "shared_fc1": _te("mlp.shared_experts.linear_fc1.weight"),
-    "shared_fc2": _te("mlp.shared_experts.linear_fc2.weight"),
-    "shared_gate": _te("mlp.shared_experts.gate_weight"),
-})
 
 # Slots whose mcore tensor is not the HF rows themselves but the rows plus a constant: Qwen3-Next's gated
 # output norm scales by w in HF (initialised to 1) and by 1 + w in mcore (layernorm_zero_centered_gamma).
 # Computed in fp32 and rounded once to the target dtype (exact wherever w - 1 is representable).
 _SHIFTS = {"out_norm": -1.0}
-
-
-def _names(role: str, naming: Naming) -> tuple[str, str]:
-    table = _NAMES[role]
-    names = table.get(naming) or table.get("local")
-    if names is None:
-        raise UnsupportedModel(f"mcore has no {naming}-spec name for {role} (a {', '.join(table)}-spec tensor)")
-    return names
 
 
 @dataclass(frozen=True)
@@ -303,12 +87,12 @@ class Slot:
         return f"layer {self.layer}" if self.layer is not None else ("embedding" if self.role == "embed" else "head")
 
     def sharded_key(self, naming: Naming) -> str:
-        key = _names(self.role, naming)[0]
+        key = names(self.role, naming)[0]
         # mcore's non_homogeneous_layers: the layer's own prefix in place of the stacked one.
-        return key.replace(_L, f"{_L}{self.layer}.", 1) if self.layer_keys else key
+        return key.replace(LAYERS, f"{LAYERS}{self.layer}.", 1) if self.layer_keys else key
 
     def state_key(self, naming: Naming) -> str:
-        return _names(self.role, naming)[1].format(l=self.layer, e=self.expert)
+        return names(self.role, naming)[1].format(l=self.layer, e=self.expert)
 
     def stack(self, arch: Architecture) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(offsets, sizes) of the stacking dims this slot sits at: (layer[, expert]) in (L[, E]); only
@@ -485,9 +269,9 @@ def extra_states(arch: Architecture, naming: Naming) -> list[ExtraState]:
     for layer in range(L):
         group = f"layer {layer}"
         if arch.hybrid:  # keyed by layer: one object per module, or one per expert
-            prefix, offsets, shape = f"{_L}{layer}.", (), ()
+            prefix, offsets, shape = f"{LAYERS}{layer}.", (), ()
         else:
-            prefix, offsets, shape = _L, (layer,), (L,)
+            prefix, offsets, shape = LAYERS, (layer,), (L,)
         per_layer, per_expert = _extra_modules(arch, naming, layer)
         out += [ExtraState(prefix + m, offsets or (0,), shape or (1,), group) for m in per_layer]
         out += [ExtraState(prefix + m, (*offsets, e), (*shape, E), group) for e in range(E) for m in per_expert]
@@ -519,7 +303,7 @@ def legacy_extra_keys(arch: Architecture, naming: Naming) -> list[str]:
     """The `_extra_state` keys of `model.state_dict()` (legacy format), so a strict load finds them all."""
     keys = []
     for layer in range(arch.layers):
-        p = f"{_L}{layer}."
+        p = f"{LAYERS}{layer}."
         mods = ["self_attention.linear_qkv", "self_attention.linear_proj"]
         if not arch.moe:
             mods += ["mlp.linear_fc1", "mlp.linear_fc2"]

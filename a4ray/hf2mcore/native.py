@@ -23,13 +23,13 @@ import torch
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from a4ray.core.console import say
+from a4ray.core.errors import ConvertFailed, InsufficientResources
 from a4ray.hf2mcore import writer
 from a4ray.hf2mcore.cache import PartRecord
 from a4ray.hf2mcore.hf import HFCheckpoint
 from a4ray.hf2mcore.mapping import (
-    Architecture,
     ExtraState,
-    Naming,
     Slot,
     Unit,
     extra_states,
@@ -39,8 +39,8 @@ from a4ray.hf2mcore.mapping import (
     slots,
     units,
 )
-from a4ray.core.console import say
-from a4ray.core.errors import ConvertFailed, InsufficientResources
+from a4ray.mcore.architecture import Architecture, Naming
+from a4ray.mcore.checkpointing import model_args
 from a4ray.spec.conversion import ConvertJob
 
 _TASK_OVERHEAD = 512 * 2**20  # interpreter and torch: what a task holds besides tensors
@@ -333,7 +333,7 @@ def convert(hf: HFCheckpoint, native: NativePlan, job: ConvertJob, root: Path,
     release_dir = root / writer.RELEASE
     release_dir.mkdir(parents=True)
     arch, naming, dtype = native.arch, native.naming, native.dtype
-    args = writer.megatron_args(arch, dtype, naming, native.format)
+    args = model_args(arch, dtype, naming, native.format)
     max_mb_s = job.convert.max_mb_s_per_task
     hf_ref = ray.put(hf)  # the shard index, shipped to the tasks once
     refs = {}

@@ -23,12 +23,14 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
+from a4ray.core.errors import ConvertInputError
 from a4ray.hf2mcore.cache import VerifyReport
 from a4ray.hf2mcore.hf import HFCheckpoint
-from a4ray.hf2mcore.mapping import Architecture, Naming, Slot, extra_states, groups, slots, to_hf, to_mcore
+from a4ray.hf2mcore.mapping import Slot, extra_states, groups, slots, to_hf, to_mcore
 from a4ray.hf2mcore.writer import LEGACY_FILE, RELEASE, TRACKER
-from a4ray.core.errors import ConvertInputError
-from a4ray.mcore import shims as mcore_cpu
+from a4ray.mcore import model as mcore_model
+from a4ray.mcore import shims
+from a4ray.mcore.architecture import Architecture, Naming
 from a4ray.spec.conversion import VerifySpec
 
 # What reading a damaged checkpoint raises (DCP's CheckpointException is a BaseException).
@@ -63,7 +65,7 @@ def run(root: str, input_dir: str, naming: Naming, fmt: str, spec: VerifySpec,
     # megatron-core warns at import that TE and apex are missing, which verification knows and wants.
     warnings.filterwarnings("ignore", module=r"(megatron|torch\.distributed\.checkpoint)\.")
     t0 = time.monotonic()
-    mcore_cpu.init()
+    mcore_model.init_standalone()
     hf = HFCheckpoint.open(input_dir)
     arch = hf.architecture()
     ckpt = checkpoint_dir(Path(root))
@@ -175,9 +177,23 @@ def _stored_dtype(ckpt: Path, fmt: str) -> torch.dtype:
     return FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata[key].properties.dtype
 
 
+def _naming(arch: Architecture) -> Naming:
+    """The layer spec the verifier builds its model with: local (it runs on the CPU, where Transformer
+    Engine's layers do not), or TE for Qwen3-Next, whose hybrid block mcore builds with no other."""
+    return "te" if arch.hybrid else "local"
+
+
+def _why_not(arch: Architecture, error: BaseException) -> str:
+    """One line: why megatron-core's model of `arch` could not be built or run here."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    cause = f"{type(error).__name__}: {(lines[-1] if lines else '')[:200]}"
+    missing = mcore_model.unbuildable(arch)
+    return f"{missing} ({cause})" if missing else f"megatron-core cannot run {arch.family} here: {cause}"
+
+
 def _load_into(model, ckpt: Path, arch: Architecture, naming: Naming, fmt: str, report: VerifyReport) -> None:
-    """Load the checkpoint into the verifier's model (`mcore_cpu.model_naming`), translating `naming` to its names."""
-    ours_naming = mcore_cpu.model_naming(arch)
+    """Load the checkpoint into the verifier's model (`_naming`), translating `naming` to its names."""
+    ours_naming = _naming(arch)
     pairs = [(s.sharded_key(ours_naming), s.sharded_key(naming), s.state_key(ours_naming), s.state_key(naming))
              for s in slots(arch)]
     if fmt == "legacy":
@@ -225,11 +241,11 @@ def _logits(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: Naming, fm
                                "set convert.verify.logits=false")
         return
     try:
-        model = mcore_cpu.gpt_model(arch)
+        model = mcore_model.gpt_model(arch, naming=_naming(arch))
     except Exception as error:  # noqa: BLE001 - a model megatron-core cannot build here is not compared
         if not arch.hybrid:
             raise
-        report.logits_skipped = mcore_cpu.why_not_here(arch, error)
+        report.logits_skipped = _why_not(arch, error)
         return
     try:
         _load_into(model, ckpt, arch, naming, fmt, report)
@@ -248,11 +264,11 @@ def _logits(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: Naming, fm
     positions = torch.arange(spec.seq_len).expand(spec.sequences, -1)
     with torch.no_grad():
         try:
-            ours = model(input_ids=tokens, position_ids=positions, attention_mask=mcore_cpu.causal_mask(spec.seq_len))
+            ours = model(input_ids=tokens, position_ids=positions, attention_mask=shims.causal_mask(spec.seq_len))
         except Exception as error:  # noqa: BLE001 - built, yet its layers do not run here (GPU kernels)
             if not arch.hybrid:
                 raise
-            report.logits_skipped = mcore_cpu.why_not_here(arch, error)
+            report.logits_skipped = _why_not(arch, error)
             return
         del model
         # The reference holds the weights rounded as the checkpoint stores them, then computes in fp32 too.

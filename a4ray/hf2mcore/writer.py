@@ -39,7 +39,8 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from a4ray.hf2mcore.mapping import Architecture, ExtraState, Naming, Unit
+from a4ray.hf2mcore.mapping import ExtraState, Unit
+from a4ray.mcore.architecture import Architecture, Naming
 
 RELEASE = "release"
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -218,32 +219,3 @@ def write_tracker(root: Path) -> None:
     (root / TRACKER).write_text(RELEASE)
 
 
-def megatron_args(arch: Architecture, dtype: torch.dtype, naming: Naming, fmt: str) -> argparse.Namespace:
-    """The `args` Megatron-LM keeps in a checkpoint, as its own argument parser would name them for this
-    model: `check_checkpoint_args` compares num_layers / hidden_size / num_attention_heads with the
-    trainer's, and `load_checkpoint` reads the parallel sizes to decide what to restore. Plain values only,
-    so `torch.load(weights_only=True)` with mcore's safe globals reads it. Qwen3-Next adds the
-    TransformerConfig fields its hybrid GPTModel is built from (Megatron-LM's argument names)."""
-    hybrid = dict(
-        experimental_attention_variant="gated_delta_net", linear_attention_freq=arch.linear_attention_freq,
-        linear_conv_kernel_dim=arch.conv_kernel, linear_key_head_dim=arch.linear_key_dim,
-        linear_value_head_dim=arch.linear_value_dim, linear_num_key_heads=arch.linear_key_heads,
-        linear_num_value_heads=arch.linear_value_heads, attention_output_gate=True,
-        layernorm_zero_centered_gamma=True, apply_layernorm_1p=True, rotary_percent=arch.rotary_fraction,
-        moe_shared_expert_intermediate_size=arch.shared_ffn, moe_shared_expert_gate=True,
-    ) if arch.hybrid else {}
-    return argparse.Namespace(**hybrid,
-        num_layers=arch.layers, hidden_size=arch.hidden, ffn_hidden_size=arch.ffn or arch.moe_ffn,
-        num_attention_heads=arch.heads, num_query_groups=arch.groups, group_query_attention=arch.groups != arch.heads,
-        kv_channels=arch.head_dim, max_position_embeddings=arch.max_positions, padded_vocab_size=arch.vocab,
-        position_embedding_type="rope", add_position_embedding=True, rotary_base=int(arch.rope_theta),
-        normalization="RMSNorm", norm_epsilon=arch.norm_eps, swiglu=True, qk_layernorm=True,
-        add_bias_linear=False, untie_embeddings_and_output_weights=not arch.tied,
-        num_experts=arch.experts or None, moe_ffn_hidden_size=arch.moe_ffn or None,
-        moe_router_topk=arch.topk or None, moe_grouped_gemm=bool(arch.moe and naming == "te"),
-        bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
-        tensor_model_parallel_size=1, pipeline_model_parallel_size=1, expert_model_parallel_size=1,
-        world_size=1, data_parallel_size=1, ckpt_format="torch_dist" if fmt == "torch_dist" else "torch",
-        transformer_impl="transformer_engine" if naming == "te" else "local",
-        iteration=0, consumed_train_samples=0, consumed_valid_samples=0, no_save_optim=True, no_save_rng=True,
-    )

@@ -1,128 +1,245 @@
-"""megatron-core on a CPU-only torch, without Transformer Engine or apex: for verification only.
+"""megatron-core (0.16) on a CPU-only torch, without Transformer Engine or apex: every patch a4ray makes.
 
-Verification builds a real megatron-core `GPTModel` (local layer spec) and loads the written checkpoint
-into it. megatron-core's forward reaches for CUDA in a few places even when every tensor is on the CPU;
-each shim below answers one of them (../shared/research/workloads.md section 3.2):
+megatron-core is written for CUDA: even with every tensor on the CPU, some code paths reach for CUDA.
+`apply()` answers each of them, and does nothing where CUDA is available. Every patch a4ray makes to
+megatron-core lives here; each has its reason next to it:
 
-* RoPE, the attention scratch buffer and the 0.19 router move tensors to `torch.cuda.current_device()`:
-  pointed at the CPU.
-* attention dropout forks the CUDA RNG tracker: the inference tracker makes `fork()` a no-op.
-* mcore 0.16.x names `te_general_gemm` in the MoE router without importing it when TE is absent.
-* the alltoall token dispatcher creates a CUDA stream: the model uses the allgather dispatcher.
-* the default causal mask is built on "cuda": callers pass `causal_mask(seq_len)`.
+* `torch.cuda.current_device()` answers "cpu": RoPE, the attention scratch buffer, the MoE router,
+  DDP's gradient buffers and the distributed optimizer's buffers allocate on it.
+* `torch.cuda.synchronize()` does nothing: dist_checkpointing's torch_dist writer synchronises the
+  device before it copies tensors out (a CPU-only torch raises there).
+* `moe_utils.te_general_gemm = None`: mcore 0.16 names it in the router's forward without importing it
+  when Transformer Engine is absent (NameError).
+* RNG tracker: dropout and expert init fork the CUDA RNG state (`get_cuda_rng_tracker().fork()`); on the
+  CPU the fork does nothing (the tracker still records the seeds it was given, so a checkpoint carries
+  non-empty `rng_tracker_states`, which Megatron-LM's loader insists on).
+* `device="cuda"` literals: the schedules (token count; also mcore's default causal mask, built during
+  the forward), the grad norm and clipping buffers, the FP32 optimizer's loss scale and the mixed-precision
+  / distributed optimizer's overflow buffer are created on "cuda" by name, and clipping and the
+  distributed optimizer check `tensor.type()` for `torch.cuda.*Tensor`: those entry points
+  (`_CUDA_LITERALS`) run under `CudaOnCpu`, a torch-function mode that puts them on the CPU and answers
+  `type()` with the CUDA name. It costs ~1.5 ms per micro-batch of the tiny model's forward/backward
+  (Python dispatch; 6.4 -> 8 ms), nothing that grows with the model.
 
-Qwen3-Next is megatron-core's hybrid GPTModel, whose block spec exists for Transformer Engine only and whose
-GatedDeltaNet refuses to build without FLA (flash-linear-attention, Triton GPU kernels): `gpt_model` builds
-it as megatron-core does, and where that fails `why_not_here` says why in one line.
+Without Transformer Engine or apex, mcore's optimizers run torch's AdamW, whose per-parameter state
+holds a `step` tensor; mcore 0.16's distributed optimizer mishandles it (`_fix_torch_adam_steps`, applied
+wherever neither TE nor apex is installed, i.e. on the CPU):
 
-`init()` patches process-wide, so it runs in a process of its own (a Ray task with `max_calls=1`).
-Conversion itself never imports megatron-core.
+* `DistributedOptimizer.load_state_dict` restores the step from the checkpoint's param groups into one
+  tensor shared by every parameter (torch's AdamW then increments it once per parameter per step), and
+  then overwrites it with the step the optimizer held when the load request was built (dp_reshardable
+  keeps 'step' as a LocalNonpersistentObject): a resumed run restarted Adam's bias correction at step 0.
+  After the load every parameter gets its own step tensor with the checkpoint's value.
+* `DistributedOptimizer.state_dict()` asserts that the state holds exactly one step value, but torch's
+  AdamW creates its state at the first step: a checkpoint cannot be loaded into a fresh optimizer.
+  Before such a state_dict, the state is created as a fresh AdamW would (zero moments, step 0).
+
+What the model must be told rather than patched (`model_overrides()`): the allgather MoE token dispatcher
+(alltoall creates a CUDA stream), no fused kernels, CPU initialisation, fp32. What the caller must pass:
+an explicit causal mask (`causal_mask`, or the dataset's own attention mask); mcore's default mask is
+built on "cuda".
 """
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
+import contextlib
+import functools
+import importlib
 
 import torch
+from torch.overrides import TorchFunctionMode
 
-from a4ray.hf2mcore.mapping import Architecture, Naming
-from a4ray.core.errors import ConvertError
+_applied = False
 
 
-def init(store_dir: str | None = None) -> None:
-    """A one-rank gloo process group and megatron-core's parallel state, with the CPU shims applied."""
-    import torch.distributed as dist
+def needed() -> bool:
+    return not torch.cuda.is_available()
 
+
+# ------------------------------------------------------------------------------------- the shims
+
+
+def _is_cuda(device) -> bool:
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+class CudaOnCpu(TorchFunctionMode):
+    """Runs code that names "cuda" on the CPU: factory functions' `device=`, `Tensor.cuda()`,
+    `Tensor.to("cuda")`; `Tensor.type()` answers with the CUDA type name (mcore asserts it)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _is_cuda(kwargs.get("device")):
+            kwargs = {**kwargs, "device": "cpu"}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            return func(*args).replace("torch.", "torch.cuda.", 1)
+        return func(*args, **kwargs)
+
+
+def on_cpu(fn):
+    """`fn` run under `CudaOnCpu`."""
+    if getattr(fn, "_a4ray_on_cpu", False):
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with CudaOnCpu():
+            return fn(*args, **kwargs)
+
+    wrapper._a4ray_on_cpu = True
+    return wrapper
+
+
+# (module, attribute) run under CudaOnCpu, and why. A function is patched in every module that
+# imported it by name, so each binding is listed.
+_CUDA_LITERALS = [
+    # total_num_tokens = torch.zeros([], device="cuda") in every schedule
+    ("megatron.core.pipeline_parallel.schedules", "forward_backward_no_pipelining"),
+    ("megatron.core.pipeline_parallel.schedules", "forward_backward_pipelining_without_interleaving"),
+    ("megatron.core.pipeline_parallel.schedules", "forward_backward_pipelining_with_interleaving"),
+    # the grad-norm buffers (and the local multi-tensor l2-norm it calls), torch.zeros(1, device='cuda')
+    ("megatron.core.optimizer.optimizer", "get_grad_norm_fp32"),
+    # clipping: the same buffers, and assert grad.type() == 'torch.cuda.FloatTensor'
+    ("megatron.core.optimizer.optimizer", "clip_grad_by_total_norm_fp32"),
+    # the FP32 optimizer's constant loss scale, torch.tensor([1.0], device='cuda')
+    ("megatron.core.optimizer.optimizer.FP32Optimizer", "__init__"),
+    # the mixed-precision optimizers' found_inf / overflow buffers
+    ("megatron.core.optimizer.optimizer.MixedPrecisionOptimizer", "__init__"),
+    # the distributed optimizer accepts only params whose type() is torch.cuda.*Tensor
+    ("megatron.core.optimizer.distrib_optimizer.DistributedOptimizer", "_build_model_and_main_param_groups"),
+]
+
+
+class CpuRNGStatesTracker:
+    """A stand-in for mcore's CUDA RNG tracker: records the seeds it is given (as CPU generator states),
+    and forks nothing."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.states_, self.seeds_ = {}, set()
+        self._is_initialized = False
+
+    def is_initialized(self):
+        return self._is_initialized
+
+    def get_states(self):
+        return dict(self.states_)
+
+    def set_states(self, states):
+        self._is_initialized = True
+        self.states_ = dict(states)
+
+    def add(self, name, seed):
+        if seed in self.seeds_:
+            raise ValueError(f"seed {seed} already exists")
+        self._is_initialized = True
+        self.seeds_.add(seed)
+        self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+    def fork(self, name=None):
+        return contextlib.nullcontext()
+
+
+def _fix_torch_adam_steps() -> None:
+    from megatron.core.optimizer import distrib_optimizer
+
+    if distrib_optimizer.HAVE_APEX_OR_TE:
+        return
+    cls = distrib_optimizer.DistributedOptimizer
+    if getattr(cls.load_state_dict, "_a4ray_fixed", False):
+        return
+    load_state_dict, state_dict = cls.load_state_dict, cls.state_dict
+
+    @functools.wraps(load_state_dict)
+    def load_with_own_steps(self, sd):
+        steps = {g["step"] for g in sd.get("optimizer", {}).get("param_groups", []) if g.get("step") is not None}
+        load_state_dict(self, sd)
+        for state in self.optimizer.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = (torch.tensor(float(next(iter(steps))), dtype=torch.float32) if len(steps) == 1
+                                 else state["step"].clone())
+
+    @functools.wraps(state_dict)
+    def state_dict_of_fresh(self):
+        if not self.optimizer.state and self.init_state_fn is not None:
+            self.init_state_fn(self.optimizer, self.config)
+            for group in self.optimizer.param_groups:
+                for param in group["params"]:
+                    self.optimizer.state[param]["step"] = torch.tensor(0.0)
+        return state_dict(self)
+
+    load_with_own_steps._a4ray_fixed = True
+    cls.load_state_dict, cls.state_dict = load_with_own_steps, state_dict_of_fresh
+
+
+def _resolve(path: str):
+    module, _, attr = path.rpartition(".")
     try:
-        import megatron.core  # noqa: F401 - present?
-    except ImportError as error:
-        raise ConvertError(f"verification needs megatron-core and transformers on the nodes ({error})",
-                           hint="install a4ray[convert] in the image, or set convert.verify.enabled=false") from None
+        return importlib.import_module(path)
+    except ImportError:
+        return getattr(importlib.import_module(module), attr)
 
+
+def apply() -> bool:
+    """Patch megatron-core for the CPU (once per process); False where CUDA is available."""
+    global _applied
+    _fix_torch_adam_steps()
+    if not needed():
+        return False
+    if _applied:
+        return True
+    import warnings
+
+    # megatron-core warns at import that TE and apex are missing, which is what this module is for.
+    warnings.filterwarnings("ignore", module=r"megatron\.")
     torch.cuda.current_device = lambda: "cpu"
-    if not dist.is_initialized():
-        store_dir = store_dir or tempfile.mkdtemp(prefix="a4ray-mcore-")
-        store = dist.FileStore(str(Path(store_dir) / "store"), 1)
-        dist.init_process_group("gloo", store=store, world_size=1, rank=0)
-    from megatron.core import parallel_state
+    torch.cuda.synchronize = lambda device=None: None  # dist_checkpointing's writer syncs before copying
+
     from megatron.core.tensor_parallel import random as mcore_random
     from megatron.core.transformer.moe import moe_utils
 
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
-    mcore_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+    mcore_random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
+    mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    for path, attr in _CUDA_LITERALS:
+        owner = _resolve(path)
+        raw = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+        if isinstance(raw, (classmethod, staticmethod)):
+            setattr(owner, attr, type(raw)(on_cpu(raw.__func__)))
+        else:
+            setattr(owner, attr, on_cpu(raw))
+    _applied = True
+    return True
 
 
-def model_naming(arch: Architecture) -> Naming:
-    """The naming of the model `gpt_model` builds: the local spec, or TE where mcore has no other."""
-    return "te" if arch.hybrid else "local"
+# ----------------------------------------------------------------------- what callers must do
 
 
-def gpt_model(arch: Architecture):
-    """The mcore GPTModel (fp32) equivalent to the HF model `arch` describes: local spec; Qwen3-Next with
-    megatron-core's experimental-attention-variant block spec (Transformer Engine)."""
-    import torch.nn.functional as F
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer import TransformerConfig
-
-    moe = dict(num_moe_experts=arch.experts, moe_router_topk=arch.topk, moe_ffn_hidden_size=arch.moe_ffn,
-               moe_router_score_function="softmax",
-               # HF norm_topk_prob=True renormalises the top-k softmax = mcore's softmax over the top-k logits.
-               moe_router_pre_softmax=not arch.norm_topk_prob, moe_grouped_gemm=arch.hybrid,
-               moe_token_dispatcher_type="allgather", moe_aux_loss_coeff=0.0) if arch.moe else {}
-    # Qwen3-Next as Megatron-Bridge's provider configures it: zero-centred norms, gated attention, a gated
-    # shared expert, DeltaNet layers with a full-attention layer every linear_attention_freq.
-    hybrid = dict(
-        transformer_impl="transformer_engine", layernorm_zero_centered_gamma=True, attention_output_gate=True,
-        moe_shared_expert_intermediate_size=arch.shared_ffn, moe_shared_expert_gate=True,
-        experimental_attention_variant="gated_delta_net", linear_attention_freq=arch.linear_attention_freq,
-        linear_conv_kernel_dim=arch.conv_kernel, linear_key_head_dim=arch.linear_key_dim,
-        linear_value_head_dim=arch.linear_value_dim, linear_num_key_heads=arch.linear_key_heads,
-        linear_num_value_heads=arch.linear_value_heads) if arch.hybrid else {}
-    config = TransformerConfig(
-        num_layers=arch.layers, hidden_size=arch.hidden, num_attention_heads=arch.heads,
-        num_query_groups=arch.groups, kv_channels=arch.head_dim, ffn_hidden_size=arch.ffn or arch.moe_ffn,
-        normalization="RMSNorm", layernorm_epsilon=arch.norm_eps, gated_linear_unit=True, activation_func=F.silu,
-        add_bias_linear=False, qk_layernorm=True, hidden_dropout=0.0, attention_dropout=0.0,
-        use_cpu_initialization=True, params_dtype=torch.float32, bias_activation_fusion=False,
-        masked_softmax_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
-        apply_rope_fusion=False, bias_dropout_fusion=False, **moe, **hybrid,
+def model_overrides() -> dict:
+    """TransformerConfig settings a CPU run needs (empty where CUDA is available)."""
+    if not needed():
+        return {}
+    return dict(
+        use_cpu_initialization=True, params_dtype=torch.float32, bf16=False, fp16=False,
+        # fused kernels are CUDA (or TE / apex) kernels
+        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+        gradient_accumulation_fusion=False, apply_rope_fusion=False, bias_dropout_fusion=False,
+        moe_permute_fusion=False,
     )
-    if arch.hybrid:
-        from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
-            get_transformer_block_with_experimental_attention_variant_spec,
-        )
-
-        spec = get_transformer_block_with_experimental_attention_variant_spec(config)
-    else:
-        spec = get_gpt_layer_local_spec(num_experts=arch.experts or None, moe_grouped_gemm=False, qk_layernorm=True,
-                                        normalization="RMSNorm")
-    return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=arch.vocab,
-                    max_sequence_length=arch.max_positions, position_embedding_type="rope",
-                    rotary_percent=arch.rotary_fraction, rotary_base=int(arch.rope_theta),
-                    share_embeddings_and_output_weights=arch.tied).eval()
 
 
-# What megatron-core's Qwen3-Next needs besides itself: (what, importable module).
-_HYBRID_NEEDS = (("Transformer Engine (its hybrid block spec is TE-only)", "transformer_engine"),
-                 ("FLA (GatedDeltaNet's Triton kernels)", "fla"))
-
-
-def why_not_here(arch: Architecture, error: BaseException) -> str:
-    """One line: why megatron-core's model of `arch` could not be built or run here (`error` says how it failed)."""
-    import importlib.util
-
-    import megatron.core
-
-    missing = [what for what, module in _HYBRID_NEEDS if importlib.util.find_spec(module) is None]
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return (f"megatron-core {megatron.core.__version__} cannot run {arch.family} on this CPU-only verifier"
-            + (f" (not installed: {', '.join(missing)})" if missing else "")
-            + f": {type(error).__name__}: {(lines[-1] if lines else '')[:200]}")
+def moe_dispatcher() -> str:
+    """alltoall creates a CUDA stream; allgather works on gloo."""
+    return "allgather" if needed() else "alltoall"
 
 
 def causal_mask(seq_len: int) -> torch.Tensor:

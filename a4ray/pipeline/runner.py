@@ -57,7 +57,8 @@ class PipelineResult(Result):
         try:
             return next(s for s in self.steps if s.name == name)
         except StopIteration:
-            raise KeyError(f"no step {name!r} in this pipeline (steps: {', '.join(s.name for s in self.steps)})") from None
+            names = ", ".join(s.name for s in self.steps)
+            raise KeyError(f"no step {name!r} in this pipeline (steps: {names})") from None
 
     def progress(self) -> list[Progress]:
         """The train step's logged iterations (loss, step time, ...), from its rank logs in the run directory."""
@@ -131,7 +132,7 @@ class Pipeline:
         ctx = Context(spec=spec, conn=conn, workspace=str(workspace), run_dir=run_dir)
         result = PipelineResult(kind=spec.kind, job=spec.name, ok=False, verdict="running", run_dir=str(run_dir.root),
                                 workspace=str(workspace))
-        steps = steps_of(spec, str(workspace))
+        steps = steps_of(spec, str(workspace), simulated=conn.simulated)
         t_start = time.monotonic()
         try:
             for index, step in enumerate(steps):

@@ -19,10 +19,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
-from a4ray.hf2mcore.converter import ConvertWorkload
 from a4ray.core.console import say
 from a4ray.core.errors import A4RayError, SpecError, StagingFailed, StepError
 from a4ray.core.rundir import RunDir
+from a4ray.hf2mcore.converter import ConvertWorkload
 from a4ray.pipeline import nodefs
 from a4ray.runtime.connect import Connection
 from a4ray.spec.conversion import ConvertJob
@@ -54,6 +54,9 @@ class Context:
     workspace: str  # the workspace root on the nodes
     run_dir: RunDir
     checkpoint: str = ""  # the Megatron checkpoint the trainer loads (the convert step's output)
+
+    def trainer(self) -> Trainer:
+        return trainer_for(self.spec, self.workspace, self.checkpoint, simulated=self.conn.simulated)
 
 
 class Step(ABC):
@@ -138,44 +141,57 @@ class Stage(Step):
 class Convert(Step):
     name = "convert"
 
-    def job(self) -> ConvertJob:
-        """The conversion this recipe needs, as the `convert` job (a4ray.hf2mcore.converter) runs."""
+    def jobs(self) -> list[ConvertJob]:
+        """The conversions this recipe needs, as `convert` jobs: the model's, and the trainer's stand-in's
+        where it trains one (a4ray.hf2mcore.converter runs each)."""
         spec, c = self.spec, self.spec.convert
-        section = self.trainer.convert_section(
-            c.model_copy(update={"input": c.input or spec.model_dir, "output": spec.convert_output}))
         cluster = spec.cluster.model_copy(update={"nodes": 1}) if c.backend == "swift" else spec.cluster
-        return ConvertJob(name=f"{spec.name[:31].rstrip('-')}-convert", cluster=cluster, network=spec.network,
-                          storage=spec.storage, restart=spec.restart, observe=spec.observe, convert=section)
+        jobs = []
+        for model in self.trainer.convert_inputs():
+            main = model == (c.input or spec.model_dir)
+            section = self.trainer.convert_section(c.model_copy(update={
+                "input": model, "output": spec.convert_output if main else f"{model}-to-mcore"}))
+            jobs.append(ConvertJob(name=f"{spec.name[:31].rstrip('-')}-convert", cluster=cluster, network=spec.network,
+                                   storage=spec.storage, restart=spec.restart, observe=spec.observe, convert=section))
+        return jobs
 
     def not_needed(self) -> str | None:
         return self.trainer.conversion_skipped()
 
     def runs(self) -> str:
-        backend = self.spec.convert.backend
+        backend = self.jobs()[0].convert.backend
         return {"pai": "Pai's distributed converter (toolkits/distributed_checkpoints_convertor) on every node",
                 "native": "a4ray's native converter: Ray tasks over layer ranges",
                 "swift": "ms-swift's `swift export --to_mcore` on one node"}[backend]
 
     def outputs(self, workspace: str) -> dict[str, str]:
         return {"the converted checkpoint (convert.output/latest)":
-                f"{self.spec.converted(workspace)}/latest_checkpointed_iteration.txt"}
+                f"{self.trainer.checkpoint}/latest_checkpointed_iteration.txt"}
 
     def adopt(self, ctx: Context) -> None:
-        ctx.checkpoint = self.spec.converted(ctx.workspace)
+        ctx.checkpoint = self.trainer.checkpoint
 
     def plan(self, workspace: str) -> list[str]:
-        job = self.job()
-        source = self.spec.on_nodes(workspace, job.convert.input)
-        head = [f"{job.convert.backend} backend: {source} -> {self.spec.converted(workspace)}"]
-        return head + ConvertWorkload(job).plan().render().splitlines()
+        lines = []
+        for job in self.jobs():
+            source = self.spec.on_nodes(workspace, job.convert.input)
+            lines += [f"{job.convert.backend} backend: {source} -> {self.trainer.converted(job.convert.input)}",
+                      *ConvertWorkload(job).plan().render().splitlines()]
+        return lines
 
     def run(self, ctx: Context) -> StepResult:
-        result = ConvertWorkload(self.job()).run(ctx.conn, ctx.run_dir, log_dir=ctx.run_dir.step_logs(self.name))
-        if not result.ok:
-            raise StepError(self.name, result.verdict)
-        ctx.checkpoint = result.checkpoint or self.spec.converted(ctx.workspace)
-        status = result.status if result.status in ("ran", "cached", "skipped") else "ran"
-        return StepResult(name=self.name, status=status, detail=result.verdict, outputs={"checkpoint": ctx.checkpoint},
+        results = [ConvertWorkload(job).run(ctx.conn, ctx.run_dir, log_dir=ctx.run_dir.step_logs(self.name))
+                   for job in self.jobs()]
+        failed = next((r for r in results if not r.ok), None)
+        if failed is not None:
+            raise StepError(self.name, failed.verdict)
+        result = results[-1]  # what the trainer trains from
+        ctx.checkpoint = result.checkpoint or self.trainer.checkpoint
+        status = "cached" if all(r.status == "cached" for r in results) else \
+            result.status if result.status in ("ran", "skipped") else "ran"
+        return StepResult(name=self.name, status=status, detail="\n".join(r.verdict for r in results),
+                          outputs={"checkpoint": ctx.checkpoint, **{f"checkpoint of {r.key[:12]}": r.checkpoint
+                                                                    for r in results[:-1]}},
                           result=result.model_dump(mode="json", exclude={"gang"}))
 
 
@@ -220,7 +236,10 @@ class Train(Step):
 
     def run(self, ctx: Context) -> StepResult:
         spec = self.spec
-        trainer = trainer_for(spec, ctx.workspace, ctx.checkpoint)
+        trainer = ctx.trainer()
+        if trainer.stands_in:
+            say(f"train: {trainer.stands_in}; training its stand-in {spec.train.megatron.stand_in} instead "
+                "(converted alongside; on GPUs with those the model itself trains)")
         trainer.check()
         lost = nodefs.missing(spec.cluster, trainer.inputs())
         if lost:
@@ -262,8 +281,8 @@ class Train(Step):
 STEP_CLASSES: tuple[type[Step], ...] = (Stage, Convert, Preflight, Train)
 
 
-def steps_of(spec: RecipeJob, workspace: str) -> list[Step]:
-    trainer = trainer_for(spec, workspace)
+def steps_of(spec: RecipeJob, workspace: str, *, simulated: bool = False) -> list[Step]:
+    trainer = trainer_for(spec, workspace, simulated=simulated)
     return [cls(spec, trainer) for cls in STEP_CLASSES]
 
 

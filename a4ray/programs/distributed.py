@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import sys
 from typing import NoReturn
@@ -31,9 +32,13 @@ def exit_distributed(code: int) -> NoReturn:
     rank that hosts the store must not go while a peer still talks to it). The process then ends without
     the interpreter's teardown: there torch's gloo now and then aborts the process ("terminate called
     without an active exception", SIGABRT, no Python frame left; 1 in 40 two-rank runs of the DDP test on
-    a 2-core machine), which would turn a rank that passed, and said so, into a failed one."""
+    a 2-core machine), which would turn a rank that passed, and said so, into a failed one. What of the
+    teardown matters is done here: multiprocessing's exit handlers stop the helper processes a library
+    started (megatron-core's checkpoint writer starts a Manager process, which would otherwise outlive the
+    rank holding its stdout open, so the launch never sees the rank's output end)."""
     dist.barrier()
     dist.destroy_process_group()
+    multiprocessing.util._exit_function()  # what atexit would run: managers shut down, children joined
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

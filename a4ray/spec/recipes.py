@@ -141,8 +141,9 @@ def _pai_recipe(repo: str, *, train: dict, **sections: dict) -> dict:
     """A Pai recipe's defaults: the checkpoint `repo`, Pai's datasets and pinned checkout, Pai's converter,
     Pai's run script trained from the checkpoint with `train`."""
     artifact, target = _model_artifact(repo)
+    megatron = {"parallel": train["pai"]["parallel"]}  # train.trainer=megatron: the seed's parallelism too
     return {"artifacts": [artifact, *_PAI_ARTIFACTS], "convert": {"backend": "pai"},
-            "train": {"model": target, **train}, **sections}
+            "train": {"model": target, "megatron": megatron, **train}, **sections}
 
 
 @job_kind

@@ -72,10 +72,37 @@ class TorchTrainerSpec(Spec):
     threads: PositiveInt | None = Field(None, description="CPU threads per rank (default: CPUs / local ranks)")
 
 
+class MegatronTrainerSpec(Spec):
+    """a4ray's Megatron trainer (a4ray/mcore): megatron-core's GPTModel built from the staged HF config, trained
+    from the convert step's checkpoint with megatron-core's DDP, optimizer and datasets, saving and resuming
+    in Megatron-LM's own checkpoint layout."""
+
+    parallel: ParallelSpec = Field(ParallelSpec(), description="tp/pp/cp/ep/etp (sp: with tp > 1)")
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl on GPUs, gloo on CPU")
+    layers: Literal["auto", "te", "local"] = Field(
+        "auto", description="megatron-core's layer spec: Transformer Engine's (te) where it imports (A4 images), "
+        "else its local layers; the converted checkpoint of either naming loads")
+    distributed_optimizer: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: megatron-core's distributed optimizer where the backend has reduce-scatter")
+    lr_decay_style: Literal["cosine", "linear", "constant"] = "cosine"
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: PositiveFloat = 1.0
+    aux_loss_coeff: float | None = Field(None, ge=0, description="the routers' load-balancing loss coefficient "
+                                         "(default: the HF config's router_aux_loss_coef)")
+    seed: int = 1234
+    keep_checkpoints: NonNegativeInt = Field(0, description="checkpoints kept, the newest (0: all)")
+    threads: PositiveInt | None = Field(None, description="CPU threads per rank (default: CPUs / local ranks)")
+    stand_in: str = Field("", description="a rehearsal's stand-in: on simulated nodes where megatron-core cannot "
+                          "build train.model's layers (Qwen3-Next needs Transformer Engine and FLA's GPU kernels), "
+                          "this HF checkpoint (e.g. its Qwen3-MoE sibling) is converted too and trained instead")
+
+
 class TrainSpec(Spec):
     """The train step of the Pai recipes (`a4ray.qwen3_next`, `a4ray.qwen3`)."""
 
-    trainer: Literal["pai", "torch"] = Field("pai", description="pai: Pai-Megatron-Patch; torch: the built-in trainer")
+    trainer: Literal["pai", "torch", "megatron"] = Field(
+        "pai", description="pai: Pai-Megatron-Patch; megatron: a4ray's Megatron-core trainer; torch: the built-in "
+        "Hugging Face/DDP trainer")
     mode: Literal["pretrain", "sft"] = "pretrain"
     sft_data: Literal["json", "mmap"] = Field(
         "json", description="sft: the Alpaca JSON (Pai's MP_DATASET_TYPE=raw) or an SFT idxmap (train.sft_mmap)")
@@ -99,6 +126,7 @@ class TrainSpec(Spec):
                         "default: logs/output_<trainer>_<job kind>_<mode>")
     pai: PaiSpec = PaiSpec()
     torch: TorchTrainerSpec = TorchTrainerSpec()
+    megatron: MegatronTrainerSpec = MegatronTrainerSpec()
 
     @model_validator(mode="after")
     def _schedule(self) -> Self:
@@ -111,7 +139,8 @@ class TrainSpec(Spec):
 
     def parallelism(self) -> tuple[ParallelSpec, str]:
         """The trainer's parallelism and its field (the built-in trainer is data-parallel only)."""
-        return {"pai": (self.pai.parallel, "train.pai.parallel"), "torch": (ParallelSpec(), "train")}[self.trainer]
+        return {"pai": (self.pai.parallel, "train.pai.parallel"), "torch": (ParallelSpec(), "train"),
+                "megatron": (self.megatron.parallel, "train.megatron.parallel")}[self.trainer]
 
     def sequence(self) -> tuple[str, int]:
         """The field and value of the sequence length (context parallelism splits it)."""

@@ -7,59 +7,24 @@ restart after a lost node resumes from the newest one.
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
-from typing import Any
 
-from a4ray.core.console import table
-from a4ray.core.results import axes
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.recipes import RecipeJob
 from a4ray.trainer.checkpoint import latest
-from a4ray.trainers.interface import Trainer
+from a4ray.trainers.interface import LoopResult, Trainer
 from a4ray.workloads.torchrun import torchrun
 from a4ray.workloads.workload import WorkloadResult
 
 
-class TorchTrainResult(WorkloadResult):
+class TorchTrainResult(LoopResult):
     kind: str = "torch"
-    world_size: int = 0
-    backend: str = ""
-    devices: list[str] = []
-    iterations: int = 0
-    start_iteration: int = 0
-    loss_first: float | None = None
-    loss_last: float | None = None
-    losses: list[float] = []
-    step_time_ms: float | None = None
-    tokens_per_s: float | None = None
-    checkpoint: str = ""
-
-    def table(self) -> str:
-        if not self.losses:
-            return ""
-        first = self.start_iteration + 1
-        n = len(self.losses)
-        marks = sorted({0, n // 4, n // 2, 3 * n // 4, n - 1})
-        rows = [[first + i, f"{self.losses[i]:.4f}"] for i in marks]
-        return table("lm loss", ["iteration", "lm loss"], rows)
-
-    def rows(self) -> list[dict[str, Any]]:
-        return [{"iteration": self.start_iteration + 1 + i, "loss": loss} for i, loss in enumerate(self.losses)]
-
-    def summary(self) -> dict[str, Any]:
-        return {"loss": self.loss_last, "step ms": self.step_time_ms, "tokens/s": self.tokens_per_s}
-
-    def plot(self, ax=None):
-        ax = axes(ax, title=f"lm loss ({self.world_size} ranks, {self.backend})", xlabel="iteration", ylabel="lm loss")
-        rows = self.rows()
-        ax.plot([r["iteration"] for r in rows], [r["loss"] for r in rows], marker=".")
-        return ax
 
 
 class TorchTrain(Trainer):
     name = kind = "torch"
 
-    def __init__(self, spec: RecipeJob, *, workspace: str, checkpoint: str = ""):
-        super().__init__(spec, workspace=workspace, checkpoint=checkpoint)
+    def __init__(self, spec: RecipeJob, *, workspace: str, checkpoint: str = "", simulated: bool = False):
+        super().__init__(spec, workspace=workspace, checkpoint=checkpoint, simulated=simulated)
         t, at = spec.train, spec.on_nodes
         self.model, self.data = at(workspace, t.model), at(workspace, t.data)
 
@@ -125,16 +90,4 @@ class TorchTrain(Trainer):
                 f"the trainer resumes from its newest checkpoint in {self.save_dir}, if any")
 
     def result(self, gang: GangResult) -> TorchTrainResult:
-        record = next((r for r in gang.records if r.get("trainer") == "torch"), None)
-        fields = {k: v for k, v in (record or {}).items() if k in TorchTrainResult.model_fields}
-        ok = gang.ok and record is not None
-        if ok:
-            trained = record.get("trained", 0)
-            resumed = f", resumed from iteration {record['start_iteration']}" if record.get("start_iteration") else ""
-            loss = (f"; lm loss {record['loss_first']:.3f} -> {record['loss_last']:.3f}"
-                    if trained and record.get("loss_first") is not None else "")
-            verdict = (f"PASS: {trained} iteration(s) to {record['iterations']} on {record['world_size']} rank(s) "
-                       f"({record['backend']}){resumed}{loss}; checkpoint {record['checkpoint']}")
-        else:
-            verdict = f"FAIL: {(gang.failure or 'the trainer reported no result').splitlines()[0]}"
-        return TorchTrainResult(ok=ok, verdict=verdict, gang=gang, **fields)
+        return TorchTrainResult.of(gang)

@@ -7,9 +7,13 @@ asks; it never looks at the trainer's name.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import ClassVar
+from pathlib import PurePosixPath
+from typing import Any, ClassVar
 
+from a4ray.core.console import table
 from a4ray.core.errors import SpecError
+from a4ray.core.results import axes
+from a4ray.runtime.launch import GangResult
 from a4ray.spec.conversion import ConvertSpec
 from a4ray.spec.recipes import RecipeJob
 from a4ray.workloads.workload import Workload, WorkloadResult
@@ -19,13 +23,28 @@ class Trainer(Workload[RecipeJob]):
     name: ClassVar[str]  # its `train.trainer` value
     checks_model: ClassVar[bool] = False  # whether the staged HF config.json is held against `check_model`
 
-    def __init__(self, spec: RecipeJob, *, workspace: str, checkpoint: str = ""):
+    def __init__(self, spec: RecipeJob, *, workspace: str, checkpoint: str = "", simulated: bool = False):
         """`workspace`: the workspace root as the nodes see it; `checkpoint`: the convert step's output, if
-        it ran (default: the newest conversion of the model)."""
+        it ran (default: the newest conversion of what it trains); `simulated`: the nodes are simulated A4
+        nodes on this machine (a rehearsal)."""
         super().__init__(spec)
         self.workspace = workspace
-        self.checkpoint = checkpoint or spec.converted(workspace)
+        self.simulated = simulated
         self.output = spec.on_nodes(workspace, spec.train_output)
+        self.checkpoint = checkpoint or self.converted(self.convert_inputs()[-1])
+
+    def converted(self, model: str) -> str:
+        """Where the newest conversion of `model` (a spec path) is, as the nodes see it."""
+        if model == (self.spec.convert.input or self.spec.model_dir):
+            return self.spec.converted(self.workspace)
+        return str(PurePosixPath(self.spec.on_nodes(self.workspace, f"{model}-to-mcore")) / "latest")
+
+    def convert_inputs(self) -> list[str]:
+        """The HF checkpoints (spec paths) the convert step converts for this trainer; it trains from the
+        last one's conversion."""
+        return [self.spec.convert.input or self.spec.model_dir]
+
+    stands_in: str | None = None  # why a rehearsal trains a stand-in instead of the model (see MegatronTrain)
 
     @abstractmethod
     def runs(self) -> str:
@@ -68,3 +87,59 @@ class Trainer(Workload[RecipeJob]):
     def outputs(self, result: WorkloadResult) -> dict[str, str]:
         """{what: path} the train step reports."""
         return {"output": self.output}
+
+
+class LoopResult(WorkloadResult):
+    """What a trainer with its own loop (the built-in one, the Megatron one) reports: its `A4RAY_RESULT`
+    record, from the rank that has the loss."""
+
+    world_size: int = 0
+    backend: str = ""
+    devices: list[str] = []
+    iterations: int = 0
+    start_iteration: int = 0
+    loss_first: float | None = None
+    loss_last: float | None = None
+    losses: list[float] = []
+    step_time_ms: float | None = None
+    tokens_per_s: float | None = None
+    checkpoint: str = ""
+
+    def table(self) -> str:
+        if not self.losses:
+            return ""
+        first = self.start_iteration + 1
+        n = len(self.losses)
+        marks = sorted({0, n // 4, n // 2, 3 * n // 4, n - 1})
+        rows = [[first + i, f"{self.losses[i]:.4f}"] for i in marks]
+        return table("lm loss", ["iteration", "lm loss"], rows)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{"iteration": self.start_iteration + 1 + i, "loss": loss} for i, loss in enumerate(self.losses)]
+
+    def summary(self) -> dict[str, Any]:
+        return {"loss": self.loss_last, "step ms": self.step_time_ms, "tokens/s": self.tokens_per_s}
+
+    def plot(self, ax=None):
+        ax = axes(ax, title=f"lm loss ({self.world_size} ranks, {self.backend})", xlabel="iteration", ylabel="lm loss")
+        rows = self.rows()
+        ax.plot([r["iteration"] for r in rows], [r["loss"] for r in rows], marker=".")
+        return ax
+
+    @classmethod
+    def of(cls, gang: GangResult) -> LoopResult:
+        """The result of a launch, from the record of this trainer (`kind`) its nodes reported."""
+        kind = cls.model_fields["kind"].default
+        record = next((r for r in gang.records if r.get("trainer") == kind), None)
+        fields = {k: v for k, v in (record or {}).items() if k in cls.model_fields and k != "kind"}
+        ok = gang.ok and record is not None
+        if ok:
+            trained = record.get("trained", 0)
+            resumed = f", resumed from iteration {record['start_iteration']}" if record.get("start_iteration") else ""
+            loss = (f"; lm loss {record['loss_first']:.3f} -> {record['loss_last']:.3f}"
+                    if trained and record.get("loss_first") is not None else "")
+            verdict = (f"PASS: {trained} iteration(s) to {record['iterations']} on {record['world_size']} rank(s) "
+                       f"({record['backend']}){resumed}{loss}; checkpoint {record['checkpoint']}")
+        else:
+            verdict = f"FAIL: {(gang.failure or 'the trainer reported no result').splitlines()[0]}"
+        return cls(ok=ok, verdict=verdict, gang=gang, **fields)

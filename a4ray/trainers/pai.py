@@ -273,8 +273,8 @@ class PaiTrain(Trainer):
     name = kind = "pai"
     checks_model = True
 
-    def __init__(self, spec: RecipeJob, *, workspace: str, checkpoint: str = ""):
-        super().__init__(spec, workspace=workspace, checkpoint=checkpoint)
+    def __init__(self, spec: RecipeJob, *, workspace: str, checkpoint: str = "", simulated: bool = False):
+        super().__init__(spec, workspace=workspace, checkpoint=checkpoint, simulated=simulated)
         self.paths = PaiPaths.resolve(spec, workspace, self.checkpoint)
 
     def runs(self) -> str:

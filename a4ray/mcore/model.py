@@ -1,0 +1,196 @@
+"""The one place a4ray builds megatron-core's `GPTModel` from a Hugging Face config: for the Megatron
+trainer (`training.py`) and for the conversion's verifier (`a4ray.hf2mcore.verify`).
+
+`transformer_config` maps an `Architecture` (read from config.json) onto mcore's `TransformerConfig`;
+`gpt_model` builds the model with mcore's own layer specs, whose parameter names are the ones the native
+converter writes (`naming`, `a4ray.mcore.names`):
+
+* "local": `get_gpt_decoder_block_spec(use_transformer_engine=False)`, experts as SequentialMLP; runs
+  anywhere, the CPU included.
+* "te": the Transformer Engine spec, experts as TEGroupedMLP (`moe_grouped_gemm`), where TE imports.
+  A4 images have it; `default_naming()` picks it wherever it imports.
+
+Qwen3 and Qwen3-MoE: GQA, QK-norm, RoPE, SwiGLU, routed experts with a softmax top-k router (and its
+load-balancing loss when training). Qwen3-Next is mcore's hybrid block (`experimental_attention_variant=
+"gated_delta_net"`, `linear_attention_freq`): gated DeltaNet and gated attention layers, zero-centred
+norms, partial RoPE, a gated shared expert. megatron-core builds that block only with the Transformer
+Engine spec, and its GatedDeltaNet only with FLA's GPU kernels (`unbuildable` says what is missing).
+
+Dtype: bf16 on GPUs (params in bf16 inside mcore's Float16Module, fp32 main params in the optimizer, as
+Megatron-LM does), fp32 on the CPU. megatron-core is imported inside the functions: importing this module
+costs nothing until a model is built (the driver imports the verifier, which imports this).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from a4ray.core.errors import UnsupportedModel
+from a4ray.mcore import shims
+from a4ray.mcore.architecture import Architecture, Naming
+
+if TYPE_CHECKING:
+    from megatron.core.transformer import TransformerConfig
+
+# What megatron-core's Qwen3-Next needs besides itself: (what, importable module).
+_HYBRID_NEEDS = (("Transformer Engine (its hybrid block spec is TE-only)", "transformer_engine"),
+                 ("FLA (GatedDeltaNet's Triton kernels)", "fla"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Parallel:
+    """Model-parallel sizes (data parallelism is what is left of the world)."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None  # expert tensor parallelism (None: = tp, mcore's default)
+    sequence_parallel: bool = False
+
+
+def have_te() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def default_naming(arch: Architecture | None = None) -> Naming:
+    """Transformer Engine's layers where TE imports (and always for Qwen3-Next), else mcore's local ones."""
+    return "te" if have_te() or (arch is not None and arch.hybrid) else "local"
+
+
+def unbuildable(arch: Architecture) -> str | None:
+    """Why megatron-core cannot build `arch`'s model here (None: it can)."""
+    if not arch.hybrid:
+        return None
+    missing = [what for what, module in _HYBRID_NEEDS if importlib.util.find_spec(module) is None]
+    if not missing:
+        return None
+    import megatron.core
+
+    return (f"megatron-core {megatron.core.__version__} builds {arch.family}'s gated DeltaNet layers only with "
+            f"{' and '.join(what for what, _ in _HYBRID_NEEDS)}; not installed here: {', '.join(missing)}")
+
+
+def _dtype(dtype: torch.dtype | None) -> torch.dtype:
+    return torch.float32 if shims.needed() else dtype or torch.bfloat16
+
+
+def transformer_config(arch: Architecture, *, training: bool = False, parallel: Parallel = Parallel(),
+                       naming: Naming | None = None, dtype: torch.dtype | None = None,
+                       aux_loss_coeff: float = 1e-3, **overrides) -> TransformerConfig:
+    """mcore's TransformerConfig for `arch`. `training`: the router's load-balancing (aux) loss with
+    `aux_loss_coeff` (HF `router_aux_loss_coef`); otherwise none, as for a logits comparison."""
+    from megatron.core.transformer import TransformerConfig
+
+    naming = naming or default_naming(arch)
+    dtype = _dtype(dtype)
+    moe = {}
+    if arch.moe:
+        moe = dict(
+            num_moe_experts=arch.experts, moe_router_topk=arch.topk, moe_ffn_hidden_size=arch.moe_ffn,
+            moe_router_score_function="softmax",
+            # HF norm_topk_prob=True renormalises the top-k softmax = mcore's softmax over the top-k logits.
+            moe_router_pre_softmax=not arch.norm_topk_prob,
+            moe_grouped_gemm=naming == "te",  # TEGroupedMLP (te naming) vs SequentialMLP (local naming)
+            moe_token_dispatcher_type=shims.moe_dispatcher(),
+            moe_router_load_balancing_type="aux_loss" if training else "none",
+            moe_aux_loss_coeff=aux_loss_coeff if training else 0.0,
+            moe_router_dtype="fp32",
+        )
+    # Qwen3-Next as Megatron-Bridge's provider configures it: zero-centred norms, gated attention, a gated
+    # shared expert, DeltaNet layers with a full-attention layer every linear_attention_freq.
+    hybrid = dict(
+        layernorm_zero_centered_gamma=True, attention_output_gate=True,
+        moe_shared_expert_intermediate_size=arch.shared_ffn, moe_shared_expert_gate=True,
+        experimental_attention_variant="gated_delta_net", linear_attention_freq=arch.linear_attention_freq,
+        linear_conv_kernel_dim=arch.conv_kernel, linear_key_head_dim=arch.linear_key_dim,
+        linear_value_head_dim=arch.linear_value_dim, linear_num_key_heads=arch.linear_key_heads,
+        linear_num_value_heads=arch.linear_value_heads) if arch.hybrid else {}
+    settings = dict(
+        num_layers=arch.layers, hidden_size=arch.hidden, num_attention_heads=arch.heads,
+        num_query_groups=arch.groups, kv_channels=arch.head_dim, ffn_hidden_size=arch.ffn or arch.moe_ffn,
+        normalization="RMSNorm", layernorm_epsilon=arch.norm_eps, gated_linear_unit=True, activation_func=F.silu,
+        add_bias_linear=False, add_qkv_bias=False, qk_layernorm=True, hidden_dropout=0.0, attention_dropout=0.0,
+        params_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, pipeline_dtype=dtype,
+        tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp,
+        context_parallel_size=parallel.cp, expert_model_parallel_size=parallel.ep,
+        expert_tensor_parallel_size=parallel.etp, sequence_parallel=parallel.sequence_parallel,
+        transformer_impl="transformer_engine" if naming == "te" else "local",
+        **moe, **hybrid,
+    )
+    settings.update(shims.model_overrides())
+    settings.update(overrides)
+    return TransformerConfig(**settings)
+
+
+def block_spec(config: TransformerConfig, arch: Architecture, naming: Naming):
+    """mcore's decoder block spec for `naming` (and Qwen3-Next's hybrid block)."""
+    if arch.hybrid:
+        from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+            get_transformer_block_with_experimental_attention_variant_spec,
+        )
+
+        return get_transformer_block_with_experimental_attention_variant_spec(config)
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    if naming == "te" and not have_te():
+        raise UnsupportedModel("the te layer spec needs Transformer Engine, which does not import here",
+                               hint="use naming local (a checkpoint converted with convert.naming=local)")
+    return get_gpt_decoder_block_spec(config, use_transformer_engine=naming == "te", normalization="RMSNorm")
+
+
+def gpt_model(arch: Architecture, *, training: bool = False, parallel: Parallel = Parallel(),
+              naming: Naming | None = None, dtype: torch.dtype | None = None, aux_loss_coeff: float = 1e-3,
+              pre_process: bool | None = None, post_process: bool | None = None, vp_stage: int | None = None,
+              **overrides):
+    """The megatron-core GPTModel equivalent to the HF model `arch` describes: this rank's part of it
+    (pipeline stage, expert shard) once parallel_state is initialised. `training=False`: eval mode."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+
+    naming = naming or default_naming(arch)
+    if arch.rope_type != "default":
+        raise UnsupportedModel(f"rope_type {arch.rope_type!r} is not modelled (only the default RoPE is)")
+    config = transformer_config(arch, training=training, parallel=parallel, naming=naming, dtype=dtype,
+                                aux_loss_coeff=aux_loss_coeff, **overrides)
+    if pre_process is None:
+        pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+    if post_process is None:
+        post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+    model = GPTModel(config=config, transformer_layer_spec=block_spec(config, arch, naming), vocab_size=arch.vocab,
+                     max_sequence_length=arch.max_positions, pre_process=pre_process, post_process=post_process,
+                     position_embedding_type="rope", rotary_percent=arch.rotary_fraction,
+                     rotary_base=int(arch.rope_theta), share_embeddings_and_output_weights=arch.tied,
+                     vp_stage=vp_stage)
+    return model if training else model.eval()
+
+
+def init_standalone(store_dir: str | None = None, seed: int = 0) -> None:
+    """megatron-core in this one process, outside a training job (the conversion's verifier): the CPU
+    shims, a gloo world of one, parallel state (all sizes 1) and RNG seeds."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    shims.apply()
+    if not dist.is_initialized():
+        store_dir = store_dir or tempfile.mkdtemp(prefix="a4ray-mcore-")
+        dist.init_process_group("gloo", store=dist.FileStore(str(Path(store_dir) / "store"), 1), world_size=1, rank=0)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def wrap_float16(model, config):
+    """bf16 / fp16 training: mcore's Float16Module casts inputs and outputs as Megatron-LM does."""
+    if not (config.bf16 or config.fp16):
+        return model
+    from megatron.core.transformer.module import Float16Module
+
+    return Float16Module(config, model)

@@ -1,0 +1,465 @@
+"""a4ray's Megatron-core trainer: the rank program `python -m a4ray.mcore` that torchrun (or a4ray's own
+launcher, with torchrun's environment: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT) starts on every rank.
+
+config (`parse_args`) -> build (`setup`, `build`) -> `train`:
+
+* process group: NCCL on GPUs, gloo on the CPU (`a4ray.programs.distributed`), then megatron-core's
+  `parallel_state.initialize_model_parallel` with the run's TP / PP / CP / EP / ETP.
+* model: `model.gpt_model` from the HF config.json (Qwen3 / Qwen3-MoE), in mcore's
+  `DistributedDataParallel`; `get_megatron_optimizer` (Adam, the distributed optimizer where the backend
+  allows it) and `OptimizerParamScheduler` (linear warmup, then cosine / linear decay to --min-lr).
+* weights: the trainer's own newest complete checkpoint in --save (model, optimizer, scheduler,
+  iteration, RNG) if there is one, else the converted checkpoint in --load (weights only, refused if
+  its tensor shapes do not fit the model), else random init.
+* step: `get_forward_backward_func()` over this data-parallel rank's micro-batches of the iteration
+  (`dataset.Batches`), loss = masked LM loss (+ the routers' load-balancing loss, which mcore adds to the
+  backward pass itself), `optimizer.step()`, scheduler step by the global batch.
+* log: Megatron-LM's `training_log` iteration line, printed by the last rank; checkpoints every
+  --save-interval iterations and at the end (`checkpointing.save`, Megatron-LM's torch_dist layout); at
+  the end one `A4RAY_RESULT {...}` record (trainer "megatron") from the last rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import socket
+import statistics
+import sys
+import time
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from a4ray.mcore import checkpointing, dataset, shims
+from a4ray.mcore.architecture import Architecture
+from a4ray.mcore.model import Parallel, default_naming, gpt_model, wrap_float16
+from a4ray.programs.distributed import exit_distributed, init_distributed
+
+PREFIX = "a4ray.mcore:"
+
+
+# ---------------------------------------------------------------------------------------- config
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m a4ray.mcore", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="Hugging Face model directory: config.json and tokenizer files")
+    p.add_argument("--load", help="converted Megatron checkpoint (its tracker names the directory, e.g. release)")
+    p.add_argument("--save", required=True, help="checkpoint directory of this run (resumed from when it holds one)")
+    p.add_argument("--data-path", required=True, help="Megatron indexed dataset prefix (<prefix>.bin/.idx)")
+    p.add_argument("--data-cache-path", help="GPTDataset index caches (default: <save>/data_cache)")
+    p.add_argument("--seq-length", type=int, default=128)
+    p.add_argument("--micro-batch-size", type=int, default=1)
+    p.add_argument("--global-batch-size", type=int, required=True,
+                   help="a multiple of micro batch x data-parallel size (the spec resolves and checks it)")
+    p.add_argument("--train-iters", type=int, default=20)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--min-lr", type=float, default=0.0)
+    p.add_argument("--lr-warmup-iters", type=int, default=0)
+    p.add_argument("--lr-decay-iters", type=int, default=0, help="default: --train-iters")
+    p.add_argument("--lr-decay-style", choices=("cosine", "linear", "constant"), default="cosine")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--adam-beta1", type=float, default=0.9)
+    p.add_argument("--adam-beta2", type=float, default=0.95)
+    p.add_argument("--clip-grad", type=float, default=1.0)
+    p.add_argument("--aux-loss-coeff", type=float, help="router load-balancing loss (default: HF router_aux_loss_coef)")
+    p.add_argument("--tensor-model-parallel-size", "--tp", dest="tp", type=int, default=1)
+    p.add_argument("--pipeline-model-parallel-size", "--pp", dest="pp", type=int, default=1)
+    p.add_argument("--context-parallel-size", "--cp", dest="cp", type=int, default=1)
+    p.add_argument("--expert-model-parallel-size", "--ep", dest="ep", type=int, default=1)
+    p.add_argument("--expert-tensor-parallel-size", "--etp", dest="etp", type=int, default=None)
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--distributed-optimizer", choices=("auto", "on", "off"), default="auto",
+                   help="auto: on where the backend has reduce-scatter / all-gather-into-tensor")
+    p.add_argument("--naming", choices=("auto", "local", "te"), default="auto",
+                   help="layer spec (and so checkpoint naming): te where Transformer Engine imports")
+    p.add_argument("--save-interval", type=int, default=100)
+    p.add_argument("--keep", type=int, default=0, help="keep only the newest N checkpoints (0: all)")
+    p.add_argument("--log-interval", type=int, default=1)
+    p.add_argument("--exit-interval", type=int, default=0,
+                   help="save and stop after an iteration divisible by this (Megatron-LM's --exit-interval)")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: CPUs / local ranks)")
+    p.add_argument("--check-save", action="store_true",
+                   help="after each save, load it back through megatron-core and compare with what was saved")
+    return p.parse_args(argv)
+
+
+def say(message: str, *, rank0: bool = True) -> None:
+    if not rank0 or dist.get_rank() == 0:
+        print(f"{PREFIX} {message}", flush=True)
+
+
+def is_last_rank() -> bool:
+    return dist.get_rank() == dist.get_world_size() - 1
+
+
+# ----------------------------------------------------------------------------------------- build
+
+
+def setup(args: argparse.Namespace) -> tuple[torch.device, str, Parallel]:
+    """Process group, CPU shims, megatron-core's parallel state and RNG seeds."""
+    device, backend = init_distributed(args.backend)
+    if shims.apply():
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        torch.set_num_threads(args.threads or int(os.environ.get("OMP_NUM_THREADS", "0"))
+                              or max(1, (os.cpu_count() or 1) // local_world))
+    from megatron.core import parallel_state, tensor_parallel
+
+    parallel = Parallel(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, etp=args.etp,
+                        sequence_parallel=args.sequence_parallel)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
+        context_parallel_size=args.cp, expert_model_parallel_size=args.ep,
+        expert_tensor_parallel_size=args.etp)
+    tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+    torch.manual_seed(args.seed)
+    return device, backend, parallel
+
+
+def distributed_optimizer_supported() -> tuple[bool, str]:
+    """Does the data-parallel backend do what mcore's distributed optimizer needs (reduce-scatter of the
+    grad buckets, all-gather-into-tensor of the updated params)? Probed, the same way on every rank."""
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    n = dist.get_world_size(group)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dist.reduce_scatter_tensor(torch.zeros(1, device=device), torch.ones(n, device=device), group=group)
+        dist.all_gather_into_tensor(torch.zeros(n, device=device), torch.ones(1, device=device), group=group)
+    except (RuntimeError, NotImplementedError, ValueError) as error:
+        return False, f"{dist.get_backend(group)}: {str(error).splitlines()[0]}"
+    return True, f"{dist.get_backend(group)} has reduce_scatter_tensor and all_gather_into_tensor"
+
+
+def build(args: argparse.Namespace, arch, parallel: Parallel, naming: str, use_dist_opt: bool):
+    """The model (in mcore's DDP), its optimizer and LR scheduler."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    module = gpt_model(arch, training=True, parallel=parallel, naming=naming, aux_loss_coeff=args.aux_loss_coeff)
+    config = module.config
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                               use_distributed_optimizer=use_dist_opt)
+    model = DistributedDataParallel(config, ddp_config, wrap_float16(module, config))
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+                        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, clip_grad=args.clip_grad,
+                        bf16=config.bf16, fp16=config.fp16, params_dtype=config.params_dtype,
+                        use_distributed_optimizer=use_dist_opt),
+        [model])
+    # What Megatron-LM's setup does: the schedule scales the loss and finishes the DP gradient reduction.
+    config.grad_scale_func = optimizer.scale_loss
+    config.finalize_model_grads_func = finalize_model_grads
+    G = args.global_batch_size
+    decay_iters = args.lr_decay_iters or args.train_iters
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr, lr_warmup_steps=args.lr_warmup_iters * G,
+        lr_decay_steps=decay_iters * G, lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
+        end_wd=args.weight_decay, wd_incr_steps=args.train_iters * G, wd_incr_style="constant",
+        # a resumed run may train longer than the checkpoint's: its own schedule (iterations done kept)
+        use_checkpoint_opt_param_scheduler=False, override_opt_param_scheduler=True)
+    return module, model, optimizer, scheduler
+
+
+def load_weights(args: argparse.Namespace, arch, module, optimizer, scheduler, use_dist_opt: bool) -> tuple[int, str]:
+    """Resume from --save, else start from --load; returns (iteration done, where from)."""
+    save = Path(args.save).resolve()
+    resume = checkpointing.newest_complete(save)
+    if resume is not None:
+        directory = checkpointing.iteration_dir(save, resume)
+        loaded = checkpointing.load_resume(directory, module, optimizer, scheduler, use_dist_opt)
+        iteration = int(loaded["iteration"])
+        say(f"resuming from checkpoint iteration {iteration} in {save}: model, optimizer, scheduler, RNG "
+            f"(learning rate {scheduler.get_lr(optimizer.param_groups[0]):.6E})")
+        return iteration, str(directory)
+    if args.load:
+        directory = checkpointing.converted_dir(Path(args.load))
+        naming = "te" if module.config.transformer_impl == "transformer_engine" else "local"
+        checkpointing.load_weights(module, directory, arch, naming)  # CheckpointMismatch before any training
+        optimizer.reload_model_params()  # bf16: the optimizer's fp32 main params were copied at construction
+        theirs = checkpointing.checkpoint_naming(directory)
+        say(f"loaded model weights from {directory} (converted checkpoint, {theirs or 'unknown'} naming, into the "
+            f"{naming} spec; optimizer starts fresh)")
+        return 0, str(directory)
+    say("no checkpoint in --save and no --load: random initialisation")
+    return 0, "random"
+
+
+# ------------------------------------------------------------------------------------------ step
+
+
+def loss_func(loss_mask: torch.Tensor, output: torch.Tensor):
+    """Megatron-LM's pretrain_gpt loss: the masked token loss sum, its token count, and the report."""
+    losses = output.view(-1).float()
+    mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * mask)
+    tokens = mask.sum().clone().detach().to(torch.int)
+    return loss, tokens, {"lm loss": torch.cat([loss.clone().detach().view(1), tokens.view(1).float()])}
+
+
+def forward_step(data_iterator, model):
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    batch = next(data_iterator)
+    device = next(model.parameters()).device
+    batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    batch = get_batch_on_this_cp_rank(batch)  # this context-parallel rank's share of the sequence
+    # The dataset's causal mask when it makes one (CPU / local attention); else the attention's own.
+    output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"])
+    return output, partial(loss_func, batch["loss_mask"])
+
+
+def train_step(model, optimizer, scheduler, micro_batches: list[dict], seq_len: int, micro_batch: int,
+               global_batch: int) -> tuple[dict[str, float], float | None, bool]:
+    """One iteration: forward/backward over the micro-batches, optimizer step, LR step.
+    Returns (reduced losses, grad norm, update successful)."""
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+    losses = get_forward_backward_func()(
+        forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[model],
+        num_microbatches=len(micro_batches), seq_length=seq_len, micro_batch_size=micro_batch,
+        forward_only=False)
+    update_successful, grad_norm, _ = optimizer.step()
+    if update_successful:
+        scheduler.step(increment=global_batch)
+    reduced = {}
+    if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+        for key in losses[0]:
+            val = torch.vstack([x[key].view(-1) for x in losses]).sum(dim=0)
+            dist.all_reduce(val, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+            reduced[key] = (val[0] / val[1]).item()
+    return reduced, grad_norm, update_successful
+
+
+def moe_losses(config, num_microbatches: int) -> dict[str, float]:
+    """The routers' aux losses of the iteration, as Megatron-LM's training_log tracks them (averaged over
+    MoE layers and micro-batches, before the aux-loss coefficient)."""
+    if config.num_moe_experts is None:
+        return {}
+    from megatron.core.transformer.moe.moe_utils import track_moe_metrics
+
+    names = ["load_balancing_loss"] if "aux_loss" in config.moe_router_load_balancing_type else []
+    totals: dict[str, torch.Tensor] = {}
+    track_moe_metrics(loss_scale=1 / num_microbatches, iteration=0, total_loss_dict=totals, force_initialize=True,
+                      track_names=names, num_layers=config.num_layers, moe_layer_freq=config.moe_layer_freq)
+    return {k: float(v) for k, v in totals.items()}
+
+
+def training_log(iteration: int, train_iters: int, *, consumed: int, step_ms: float, lr: float, gbs: int,
+                 losses: dict[str, float], loss_scale: float, grad_norm: float | None, skipped: int, nan: int) -> str:
+    """Megatron-LM's iteration line (megatron/training/training.py, training_log), field for field."""
+    line = f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]"
+    line += f" iteration {iteration:8d}/{train_iters:8d} |"
+    line += f" consumed samples: {consumed:12d} |"
+    line += f" elapsed time per iteration (ms): {step_ms:.1f} |"
+    line += f" learning rate: {lr:.6E} |"
+    line += f" global batch size: {gbs:5d} |"
+    for key, value in losses.items():
+        if value > 0.0:
+            line += f" {key}: {value:.6E} |"
+    line += f" loss scale: {loss_scale:.1f} |"
+    if grad_norm is not None:
+        line += f" grad norm: {grad_norm:.3f} |"
+    line += f" number of skipped iterations: {skipped:3d} |"
+    line += f" number of nan iterations: {nan:3d} |"
+    return line
+
+
+# ----------------------------------------------------------------------------------------- train
+
+
+def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batches: dataset.Batches, start: int,
+          ckpt_args) -> dict:
+    """Iterations start+1 .. train_iters; returns what the result record reports."""
+    config = module.config
+    G, S = args.global_batch_size, args.seq_length
+    losses, step_times = [], []
+    totals: dict[str, float] = {}
+    interval = {"time": 0.0, "iters": 0, "skipped": 0, "nan": 0}
+    saved = None
+    for iteration in range(start, args.train_iters):
+        t0 = time.perf_counter()
+        micro = batches.micro_batches(iteration)
+        reduced, grad_norm, ok = train_step(model, optimizer, scheduler, micro, S, args.micro_batch_size, G)
+        reduced.update(moe_losses(config, len(micro)))
+        step = time.perf_counter() - t0
+        done = iteration + 1
+        loss = reduced.get("lm loss", float("nan"))
+        losses.append(loss)
+        step_times.append(step)
+        interval["time"] += step
+        interval["iters"] += 1
+        interval["skipped"] += int(not ok)
+        interval["nan"] += int(not math.isfinite(loss))
+        for key, value in reduced.items():
+            totals[key] = totals.get(key, 0.0) + value
+        if done % args.log_interval == 0 or done == start + 1:
+            if is_last_rank():  # Megatron-LM prints on the last rank (print_rank_last)
+                iters, n = interval["iters"], max(1, interval["iters"] - interval["skipped"])
+                lr = next(g["lr"] for g in optimizer.param_groups if g.get("default_config", True))
+                print(training_log(
+                    done, args.train_iters, consumed=done * G, step_ms=interval["time"] * 1000 / iters, lr=lr, gbs=G,
+                    losses={k: v / n for k, v in totals.items()}, loss_scale=float(optimizer.get_loss_scale()),
+                    grad_norm=grad_norm, skipped=interval["skipped"], nan=interval["nan"]), flush=True)
+            totals.clear()
+            interval.update(time=0.0, iters=0, skipped=0, nan=0)
+        stop = bool(args.exit_interval) and done % args.exit_interval == 0 and done < args.train_iters
+        if done % args.save_interval == 0 or done == args.train_iters or stop:
+            ckpt_args.iteration, ckpt_args.consumed_train_samples = done, done * G
+            ts = time.perf_counter()
+            saved = checkpointing.save(Path(args.save).resolve(), done, module, optimizer, scheduler, ckpt_args,
+                                    model.ddp_config.use_distributed_optimizer, keep=args.keep)
+            say(f"saved checkpoint iteration {done} to {saved} in {time.perf_counter() - ts:.2f}s")
+            if args.check_save:
+                check_saved(saved, module, optimizer, model.ddp_config.use_distributed_optimizer)
+        if stop:
+            say(f"exiting after iteration {done} (--exit-interval {args.exit_interval})")
+            break
+    return {"losses": losses, "step_times": step_times, "checkpoint": str(saved) if saved else None}
+
+
+def check_saved(directory: Path, module, optimizer, use_dist_opt: bool) -> None:
+    """Load `directory` back through megatron-core into NaN-filled tensors and compare every model tensor
+    and optimizer state tensor with what this rank holds (= what it saved)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+
+    model_before = {k: v.detach().clone() for k, v in module.state_dict().items() if torch.is_tensor(v)}
+    optim_before = [t.detach().clone() for t in _optimizer_tensors(optimizer)]
+    request = checkpointing.state_dict(module, optimizer, None, args=None, iteration=None,
+                                    use_distributed_optimizer=use_dist_opt, is_loading=True)
+    request = {"model": request["model"], "optimizer": request["optimizer"]}
+    for item in nested_values(request):  # nothing is taken from memory: every value must come from disk
+        if torch.is_tensor(getattr(item, "data", None)):
+            item.data = torch.empty_like(item.data).fill_(float("nan") if item.data.is_floating_point() else -1)
+    loaded = dist_checkpointing.load(request, str(directory))
+    model_equal = sum(torch.equal(loaded["model"][k], v) for k, v in model_before.items() if k in loaded["model"])
+    with torch.no_grad():  # equal state back in, or the count below says so
+        optimizer.load_state_dict(loaded["optimizer"])
+    optim_after = list(_optimizer_tensors(optimizer))
+    optim_equal = sum(torch.equal(a, b) for a, b in zip(optim_before, optim_after))
+    counts = torch.tensor([model_equal, len(model_before), optim_equal, len(optim_before)], dtype=torch.long)
+    dist.all_reduce(counts)
+    say(f"check-save {directory.name}: loaded back through megatron-core: model tensors equal "
+        f"{counts[0]}/{counts[1]}, optimizer state tensors equal {counts[2]}/{counts[3]} (summed over ranks)")
+
+
+def _optimizer_tensors(optimizer):
+    """Every tensor of the optimizer's state (moments, step; the distributed optimizer's main-param
+    shards are its params), in a fixed order."""
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = opt.optimizer
+        for group in inner.param_groups:
+            for param in group["params"]:
+                yield param
+                for key in sorted(inner.state.get(param, {})):
+                    value = inner.state[param][key]
+                    if torch.is_tensor(value):
+                        yield value
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device, backend, parallel = setup(args)
+    from megatron.core import parallel_state
+
+    world = dist.get_world_size()
+    dp = parallel_state.get_data_parallel_world_size()
+    save = Path(args.save).resolve()
+    hf = json.loads((Path(args.model) / "config.json").read_text())
+    arch = Architecture.from_config(hf, str(Path(args.model) / "config.json"))
+    if args.aux_loss_coeff is None:
+        args.aux_loss_coeff = float(hf.get("router_aux_loss_coef", 1e-3))
+    naming = default_naming(arch) if args.naming == "auto" else args.naming
+    if arch.moe and args.tp > 1 and not parallel.sequence_parallel:
+        # mcore refuses MoE training with TP but without sequence parallelism (Megatron-LM's args too) ...
+        from megatron.core.models.gpt.gpt_layer_specs import HAVE_APEX
+
+        if naming == "local" and not HAVE_APEX:  # ... which the local spec's torch norms do not support
+            say("error: MoE with tensor parallelism needs sequence parallelism, which the local spec supports "
+                "only with apex's norms (or the te spec): use expert parallelism (--ep) instead of --tp here")
+            exit_distributed(2)
+        parallel = dataclasses.replace(parallel, sequence_parallel=True)
+        args.sequence_parallel = True
+        say("sequence parallelism: on (MoE with tensor parallelism needs it)")
+
+    use_dist_opt, why = distributed_optimizer_supported()
+    if args.distributed_optimizer == "off":
+        use_dist_opt, why = False, "off by --distributed-optimizer off"
+    elif args.distributed_optimizer == "on" and not use_dist_opt:
+        say(f"error: --distributed-optimizer on, but {why}")
+        exit_distributed(2)
+    say(f"distributed optimizer: {'on' if use_dist_opt else 'off (plain optimizer)'} ({why})")
+
+    module, model, optimizer, scheduler = build(args, arch, parallel, naming, use_dist_opt)
+    try:
+        start, source = load_weights(args, arch, module, optimizer, scheduler, use_dist_opt)
+    except checkpointing.CheckpointMismatch as error:
+        say(f"error: {error}")
+        exit_distributed(2)
+
+    samples = dataset.gpt_dataset(
+        args.data_path, seq_len=args.seq_length, num_samples=args.train_iters * args.global_batch_size, seed=args.seed,
+        tok=dataset.tokenizer(args.model), cache_dir=args.data_cache_path or save / "data_cache",
+        explicit_mask=naming == "local" or shims.needed())  # TE's attention builds its causal mask itself
+    batches = dataset.Batches(samples, global_batch=args.global_batch_size, micro_batch=args.micro_batch_size,
+                           dp_rank=parallel_state.get_data_parallel_rank(), dp_size=dp)
+    params = sum(p.numel() for p in module.parameters())  # this rank's: its experts, its TP shards
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    experts = f", {arch.experts} experts top-{arch.topk}" if arch.moe else ""
+    dtype = str(module.config.params_dtype).removeprefix("torch.")
+    say(f"{arch.family} ({arch.layers} layers, hidden {arch.hidden}{experts}), {naming} spec, {dtype}, "
+        f"{params / 1e6:.3f}M parameters on rank 0; "
+        f"{world} rank(s) ({backend}, {where}): tp {args.tp} pp {args.pp} cp {args.cp} ep {args.ep} dp {dp}; "
+        f"global batch {args.global_batch_size} = micro {args.micro_batch_size} x dp {dp} x {batches.num_microbatches} "
+        f"micro-batches, seq {args.seq_length}; {len(samples)} samples; iterations {start + 1}..{args.train_iters} "
+        f"(weights: {source})")
+    ckpt_args = checkpointing.megatron_args(
+        arch, naming=naming, dtype=module.config.params_dtype, parallel=parallel, world_size=world, dp=dp,
+        train_iters=args.train_iters, global_batch=args.global_batch_size, micro_batch=args.micro_batch_size,
+        seq_len=args.seq_length, lr=args.lr, min_lr=args.min_lr, warmup_iters=args.lr_warmup_iters,
+        decay_style=args.lr_decay_style, iteration=start, use_distributed_optimizer=use_dist_opt,
+        data_path=args.data_path, seed=args.seed)
+
+    result = train(args, module=module, model=model, optimizer=optimizer, scheduler=scheduler, batches=batches,
+                   start=start, ckpt_args=ckpt_args)
+
+    devices = [None] * world
+    dist.all_gather_object(devices, f"{socket.gethostname()}:{device}")
+    if is_last_rank():
+        losses, times = result["losses"], result["step_times"]
+        timed = times[1:] or times
+        median = statistics.median(timed) if timed else 0.0
+        record = {"trainer": "megatron", "world_size": world, "backend": backend, "devices": devices,
+                  "iterations": args.train_iters, "start_iteration": start, "trained": len(losses),
+                  "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+                  "losses": [round(v, 5) for v in losses], "step_time_ms": round(median * 1000, 2),
+                  "tokens_per_s": round(args.global_batch_size * args.seq_length / median, 1) if median else None,
+                  "checkpoint": result["checkpoint"] or str(checkpointing.iteration_dir(save, start)),
+                  "precision": dtype,
+                  "parallel": {"tp": args.tp, "pp": args.pp, "cp": args.cp, "ep": args.ep, "dp": dp},
+                  "distributed_optimizer": use_dist_opt}
+        print("A4RAY_RESULT " + json.dumps(record), flush=True)
+    exit_distributed(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The train step with the Megatron trainer: torchrun of `a4ray.mcore` on every node, one process per GPU.
+
+Each rank builds megatron-core's GPTModel from the staged HF config.json (`a4ray.mcore.model`), loads the
+checkpoint the convert step wrote (the native converter's: megatron-core's own layout, so the convert step
+always converts natively for this trainer), trains on the staged Megatron `.bin/.idx` through
+megatron-core's GPTDataset with the spec's tp/pp/cp/ep/etp, and saves in Megatron-LM's layout in
+`<train.output>/checkpoint` (`iter_0000010/`, `latest_checkpointed_iteration.txt`). A relaunch, a rerun
+or a restart after a lost node resumes from the newest complete checkpoint there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path, PurePosixPath
+
+from a4ray.core.errors import UnsupportedModel
+from a4ray.mcore.architecture import Architecture
+from a4ray.mcore.checkpointing import TRACKER, newest_complete
+from a4ray.mcore.model import unbuildable
+from a4ray.runtime.launch import GangResult, Launch, NodeContext
+from a4ray.spec.conversion import ConvertSpec
+from a4ray.spec.recipes import RecipeJob
+from a4ray.trainers.interface import LoopResult, Trainer
+from a4ray.workloads.torchrun import torchrun
+
+
+class MegatronTrainResult(LoopResult):
+    kind: str = "megatron"
+
+
+class MegatronTrain(Trainer):
+    name = kind = "megatron"
+    checks_model = True
+
+    def __init__(self, spec: RecipeJob, *, workspace: str, checkpoint: str = "", simulated: bool = False):
+        t, at = spec.train, spec.on_nodes
+        self.spec, self.workspace, self.simulated = spec, workspace, simulated  # what stand_in_reason reads
+        self.stands_in = self.stand_in_reason()
+        self.model = at(workspace, t.megatron.stand_in if self.stands_in else t.model)
+        self.data = at(workspace, t.pretrain_data)
+        super().__init__(spec, workspace=workspace, checkpoint=checkpoint, simulated=simulated)
+
+    def stand_in_reason(self) -> str | None:
+        """On simulated nodes, why `train.megatron.stand_in` is trained instead of `train.model` (None: it is
+        not): megatron-core cannot build the model's layers on this machine. Simulated nodes share its disk
+        and its Python, so the staged config.json and the installed packages here are the nodes'."""
+        stand_in = self.spec.train.megatron.stand_in
+        config = Path(self.spec.on_nodes(self.workspace, self.spec.train.model)) / "config.json"
+        if not (self.simulated and stand_in and config.is_file()):
+            return None
+        return unbuildable(Architecture.from_config(json.loads(config.read_text()), str(config)))
+
+    def convert_inputs(self) -> list[str]:
+        main = super().convert_inputs()
+        return main + [self.spec.train.megatron.stand_in] if self.stands_in else main
+
+    def runs(self) -> str:
+        what = (f"; here its stand-in {self.spec.train.megatron.stand_in}, as {self.stands_in}" if self.stands_in
+                else "")
+        return ("a4ray's Megatron trainer: torchrun of a4ray.mcore on every node (megatron-core GPTModel from the "
+                f"converted checkpoint){what}")
+
+    @property
+    def checkpoints(self) -> str:
+        return str(PurePosixPath(self.output) / "checkpoint")
+
+    def problems(self) -> list[str]:
+        t = self.spec.train
+        if t.mode != "pretrain":
+            return [f"train.mode={t.mode}: the Megatron trainer pretrains on the Megatron .bin/.idx "
+                    "(train.pretrain_data); SFT runs with train.trainer=pai or torch"]
+        return []
+
+    def convert_section(self, section: ConvertSpec) -> ConvertSpec:
+        # It loads megatron-core's GPTModel layout, which the native converter writes (Pai's converter writes
+        # Pai's own model); either naming loads, whichever layer spec the nodes build.
+        return section.model_copy(update={"backend": "native"})
+
+    def check_model(self, config: dict, where: str) -> list[str]:
+        """The staged model against the parallelism: what megatron-core would refuse minutes in."""
+        try:
+            arch = Architecture.from_config(config, where)
+        except (UnsupportedModel, KeyError) as error:
+            return [f"train.model: {error}"]
+        par, field = self.spec.train.parallelism()
+        problems = []
+        for name, count in (("attention heads", arch.heads), ("query groups", arch.groups)):
+            if count % par.tp:
+                problems.append(f"{field}.tp={par.tp} does not divide the {count} {name} of {where}")
+        if arch.layers % par.pp:
+            problems.append(f"{field}.pp={par.pp} does not divide the {arch.layers} layers of {where}")
+        if arch.moe and arch.experts % par.ep:
+            problems.append(f"{field}.ep={par.ep} does not divide the {arch.experts} experts of {where}")
+        if not arch.moe and par.ep > 1:
+            problems.append(f"{field}.ep={par.ep}: {where} is a dense model (no experts)")
+        return problems
+
+    def inputs(self) -> dict[str, str]:
+        return {"the model's config.json (train.model)": f"{self.model}/config.json",
+                "the converted checkpoint's tracker (convert)": str(PurePosixPath(self.checkpoint) / TRACKER),
+                **{f"the dataset (train.pretrain_data) .{ext}": f"{self.data}.{ext}" for ext in ("bin", "idx")}}
+
+    def trainer_args(self) -> list[str]:
+        t = self.spec.train
+        m, par = t.megatron, t.megatron.parallel
+        args = ["--model", self.model, "--load", self.checkpoint, "--data-path", self.data, "--save", self.checkpoints,
+                "--seq-length", str(t.seq_len), "--micro-batch-size", str(t.micro_batch_size),
+                "--global-batch-size", str(self.spec.global_batch), "--train-iters", str(t.iterations),
+                "--lr", f"{t.lr:g}", "--min-lr", f"{t.min_lr:g}", "--lr-warmup-iters", str(t.warmup_iterations),
+                "--lr-decay-style", m.lr_decay_style, "--weight-decay", f"{m.weight_decay:g}",
+                "--clip-grad", f"{m.grad_clip:g}", "--tp", str(par.tp), "--pp", str(par.pp), "--cp", str(par.cp),
+                "--ep", str(par.ep), "--etp", str(par.etp), "--distributed-optimizer", m.distributed_optimizer,
+                "--naming", m.layers, "--save-interval", str(t.save_interval), "--keep", str(m.keep_checkpoints),
+                "--log-interval", str(t.log_interval), "--seed", str(m.seed), "--backend", m.backend]
+        if par.sp and par.tp > 1:
+            args.append("--sequence-parallel")
+        if m.aux_loss_coeff is not None:
+            args += ["--aux-loss-coeff", f"{m.aux_loss_coeff:g}"]
+        if m.threads:
+            args += ["--threads", str(m.threads)]
+        return args
+
+    def launch(self, node: NodeContext) -> Launch:
+        return Launch(argv=torchrun(node, ["-m", "a4ray.mcore", *self.trainer_args()]), nproc=node.gpus)
+
+    def plan_lines(self) -> list[str]:
+        m = self.spec.train.megatron
+        layers = {"auto": "Transformer Engine's where it imports on the nodes (A4 images), else megatron-core's "
+                          "local layers", "te": "Transformer Engine's", "local": "megatron-core's local layers"}
+        return [f"layers: {layers[m.layers]}; loads {self.checkpoint}; checkpoints: {self.checkpoints}"]
+
+    def resume_note(self) -> str:
+        done = newest_complete(Path(self.checkpoints))  # where the driver sees the workspace; else the ranks find it
+        return (f"the trainer resumes from checkpoint iteration {done}" if done else
+                f"the trainer resumes from its newest checkpoint in {self.checkpoints}, if any")
+
+    def outputs(self, result) -> dict[str, str]:
+        checkpoint = getattr(result, "checkpoint", "")
+        return {**super().outputs(result), "checkpoints": self.checkpoints,
+                **({"checkpoint": checkpoint} if checkpoint else {})}
+
+    def result(self, gang: GangResult) -> MegatronTrainResult:
+        return MegatronTrainResult.of(gang)

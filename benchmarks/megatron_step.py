@@ -1,0 +1,157 @@
+"""Megatron step time through a4ray's gang against the same trainer under bare torchrun, interleaved.
+
+    python benchmarks/megatron_step.py [--nodes 2 --gpus-per-node 1] [--rounds 3] [--iters 30] [--size small]
+
+Both sides run the same rank program (`python -m a4ray.mcore`, a4ray's Megatron trainer) with the same
+arguments, from the same converted checkpoint and data, on the same devices:
+  gang      the train step of `python -m a4ray.qwen3` (jobs/qwen3_local.yaml) on an embedded cluster of N
+            simulated nodes (each with its own GPUs where the machine has enough): the gang places the
+            nodes, a4ray's rank launcher starts the ranks, the supervisor streams every line
+  torchrun  the trainer's own command (the plan's) under N plain torchrun "nodes" on 127.0.0.1, node i
+            seeing the GPUs simulated node i sees, no Ray
+The trainer times its own iterations; each side reports the median step time of a run (its first
+iteration left out) and tokens/s. Rounds alternate gang, torchrun, gang, ... and the figures are the
+medians over rounds; the ratio is gang / torchrun (goal <= 1.01). Setup (once): the stand-ins made, the
+model staged and converted natively by the same pipeline.
+
+--size tiny: the rehearsal's 2-layer Qwen3-MoE stand-in (CPU); small: a random Qwen3-MoE of 8 layers,
+hidden 1024, 8 experts top-2 (GPU). On CPUs the ranks talk gloo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from a4ray.api import load  # noqa: E402
+from a4ray.runtime.simulated import physical_gpu_ids  # noqa: E402
+from a4ray.trainers import trainer_for  # noqa: E402
+
+PROFILE = REPO / "jobs" / "qwen3_local.yaml"
+SMALL = dict(layers=8, hidden=1024, heads=16, kv_heads=4, head_dim=64, ffn=2048, experts=8, topk=2, moe_ffn=512,
+             vocab=512, shard_size="200MB")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return {**env, **extra}
+
+
+def overrides(args, ws: Path) -> list[str]:
+    """What both sides run: the profile with this shape, model and batch."""
+    out = [f"cluster.nodes={args.nodes}", f"cluster.gpus_per_node={args.gpus_per_node}",
+           f"storage.local_workspace={ws}", f"train.megatron.parallel.ep={args.ep}", f"train.seq_len={args.seq}",
+           f"train.micro_batch_size={args.micro}",
+           f"train.global_batch_size={args.micro * args.nodes * args.gpus_per_node}",
+           "train.save_interval=100000", "train.log_interval=5"]
+    return out + ([f"artifacts[0].source={args.model}"] if args.model else [])
+
+
+def pipeline(args, ws: Path, extra: list[str], result: Path) -> dict:
+    sets = [arg for s in overrides(args, ws) for arg in ("--set", s)]
+    cmd = [sys.executable, "-m", "a4ray.qwen3", "--config", str(PROFILE), *sets, *extra, "--result", str(result)]
+    done = subprocess.run(cmd, env=_env(RAY_TMPDIR=tempfile.mkdtemp(prefix="r", dir="/tmp")), cwd=args.dir,
+                          capture_output=True, text=True)
+    if done.returncode != 0 or not result.is_file():
+        print(done.stdout[-4000:], done.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"the pipeline failed (exit {done.returncode})")
+    return json.loads(result.read_text())
+
+
+def gang(args, ws: Path, i: int) -> dict:
+    run = pipeline(args, ws, ["--skip", "stage,convert,preflight", "--set", f"train.output=logs/bench-gang-{i}",
+                              "--set", f"train.iterations={args.iters}", "--set", "train.warmup_iterations=1"],
+                   Path(args.dir) / f"gang-{i}.json")
+    return run["steps"][3]["result"]
+
+
+def torchrun(args, ws: Path, i: int, gpus: list[str]) -> dict:
+    """The plan's command of the trainer, under N plain torchrun processes as N nodes."""
+    spec = load(PROFILE, *overrides(args, ws), f"train.output=logs/bench-torchrun-{i}",
+                f"train.iterations={args.iters}", "train.warmup_iterations=1")
+    trainer_args = trainer_for(spec, str(ws)).trainer_args()
+    procs = []
+    for node in range(args.nodes):
+        env = _env()
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[node * args.gpus_per_node:(node + 1) * args.gpus_per_node])
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nodes}", f"--node-rank={node}",
+               f"--nproc-per-node={args.gpus_per_node}", "--master-addr=127.0.0.1", "--master-port=29531",
+               "-m", "a4ray.mcore", *trainer_args]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      cwd=args.dir))
+    outputs = [p.communicate()[0] for p in procs]
+    records = [json.loads(line.split("A4RAY_RESULT ", 1)[1]) for out in outputs for line in out.splitlines()
+               if "A4RAY_RESULT " in line]
+    if not records:
+        print(outputs[-1][-4000:], file=sys.stderr)
+        raise SystemExit("the torchrun run reported no result")
+    return records[0]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--gpus-per-node", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--size", choices=("tiny", "small"), help="default: small with GPUs, tiny without")
+    p.add_argument("--seq", type=int, help="tokens per sample (default: 64 tiny, 1024 small)")
+    p.add_argument("--micro", type=int, default=4, help="micro batch per rank")
+    p.add_argument("--dir", help="work directory (default: a temporary one)")
+    args = p.parse_args()
+    gpus = physical_gpu_ids()
+    gpus = gpus if len(gpus) >= args.nodes * args.gpus_per_node else []
+    args.size = args.size or ("small" if gpus else "tiny")
+    args.seq = args.seq or (1024 if args.size == "small" else 64)
+    world = args.nodes * args.gpus_per_node
+    args.ep = max(e for e in (1, 2, 4, 8) if world % e == 0)
+    args.dir = args.dir or tempfile.mkdtemp(prefix="a4ray-megatron-bench-")
+    ws = Path(args.dir) / "ws"
+    args.model = None
+    if args.size == "small":  # a bigger model of the stand-in's family and tokenizer
+        from a4ray.hf2mcore.tiny import write_tiny
+        from a4ray.staging.standins import make_all
+
+        standin = make_all(Path(args.dir) / ".a4ray" / "standins")["qwen3-moe-tiny"]
+        model = write_tiny(Path(args.dir) / "qwen3-moe-small", **SMALL)
+        for f in standin.iterdir():
+            if f.name.startswith(("tokenizer", "vocab", "merges", "special")):
+                shutil.copy2(f, model / f.name)
+        args.model = str(model)
+    shape = f"{args.nodes} node(s) x {args.gpus_per_node} {'GPU(s)' if gpus else 'CPU rank(s) (gloo)'}"
+    print(f"Megatron trainer ({args.size} Qwen3-MoE, ep {args.ep}, seq {args.seq}, micro batch {args.micro}), "
+          f"{shape}, {args.iters} iterations a run, {args.rounds} rounds; work dir {args.dir}", flush=True)
+    pipeline(args, ws, ["--skip", "preflight", "--set", "train.iterations=2", "--set", "train.warmup_iterations=1",
+                        "--set", "train.output=logs/bench-setup"], Path(args.dir) / "setup.json")
+    runs: dict[str, list[dict]] = {"gang": [], "torchrun": []}
+    for i in range(args.rounds):
+        runs["gang"].append(gang(args, ws, i))
+        runs["torchrun"].append(torchrun(args, ws, i, gpus))
+        print(f"  round {i + 1}: gang {runs['gang'][-1]['step_time_ms']:.2f} ms/step, torchrun "
+              f"{runs['torchrun'][-1]['step_time_ms']:.2f} ms/step", flush=True)
+    step = {k: statistics.median(r["step_time_ms"] for r in v) for k, v in runs.items()}
+    tokens = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in runs.items()}
+    for name in ("gang", "torchrun"):
+        print(f"  {name:<9s} median step {step[name]:8.2f} ms   {tokens[name]:12,.0f} tokens/s   "
+              f"({runs[name][0]['backend']}, {runs[name][0]['world_size']} ranks)")
+    ratio = step["gang"] / step["torchrun"]
+    print(f"  ratio gang / torchrun (step time): {ratio:.3f} (goal <= 1.01)")
+    (Path(args.dir) / "results.json").write_text(json.dumps({"runs": runs, "step_ms": step, "tokens_per_s": tokens,
+                                                             "ratio": ratio}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
