@@ -1,10 +1,14 @@
 """The local rehearsal end to end: `python -m a4ray.qwen3_next` with no cluster (the README's main command).
 
-One run in its own embedded cluster of 2 simulated nodes: stand-ins staged with the real staging code,
-convert skipped with its reason, the doctor, and the built-in trainer over gloo, with one trainer rank
-killed after its first checkpoint: the restart policy relaunches the gang and training resumes from that
-checkpoint, the loss falls, and the A4 plan is printed. Then, on the session cluster, the same spec again:
-stage and train are cached; and `--skip` of a step whose outputs are missing fails naming them.
+One run in its own embedded cluster of 2 simulated nodes, every step for real: stand-ins staged with the
+real staging code; the Qwen3-Next stand-in converted natively (verified by its exact round trip: megatron-
+core builds its DeltaNet layers only with TE and FLA) and, for training, its Qwen3-MoE sibling (verified by
+logits too); the doctor; and the Megatron trainer (megatron-core GPTModel, expert parallelism across the
+two nodes, GPTDataset over the staged .bin/.idx) from the converted checkpoint, with one rank killed after
+the first checkpoint: the restart policy relaunches the gang, training resumes at the next iteration from
+the newest checkpoint, the loss falls, every saved checkpoint loads back through megatron-core equal to
+what was saved, and the A4 plan is printed. Then, on the session cluster, the same spec again: every step
+but the preflight is cached; and `--skip` of a step whose outputs are missing fails naming them.
 """
 
 from __future__ import annotations
@@ -18,14 +22,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import PYTHON, REPO, isolated_env
 
 from a4ray.driver.main import main as pipeline_main
 from a4ray.pipeline.runner import PipelineResult
+from conftest import PYTHON, REPO, isolated_env
 
 pytestmark = pytest.mark.slow
 PROFILE = str(REPO / "jobs" / "qwen3_next_local.yaml")
 _ITERATION = re.compile(r"iteration\s+(\d+)/\s*(\d+) .*\| lm loss: ([0-9.E+-]+)")
+_CHECK_SAVE = re.compile(r"check-save (iter_\d+): loaded back through megatron-core: model tensors equal (\d+)/(\d+), "
+                         r"optimizer state tensors equal (\d+)/(\d+)")
 
 
 def _kill_a_rank_after_first_checkpoint(save: Path, killed: list, stop: threading.Event) -> None:
@@ -34,7 +40,7 @@ def _kill_a_rank_after_first_checkpoint(save: Path, killed: list, stop: threadin
         if (save / "iter_0000010").is_dir():
             for proc in psutil.process_iter(["pid", "cmdline"]):
                 cmd = " ".join(proc.info["cmdline"] or [])
-                if "a4ray.trainer" in cmd and str(save) in cmd and "torch.distributed.run" not in cmd:
+                if "a4ray.mcore" in cmd and str(save) in cmd and "a4ray.runtime.ranks" not in cmd:
                     try:
                         if proc.environ().get("RANK") == "1":
                             proc.kill()
@@ -46,13 +52,13 @@ def _kill_a_rank_after_first_checkpoint(save: Path, killed: list, stop: threadin
 
 
 def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_cluster, monkeypatch, capsys):
-    save = tmp_path / ".a4ray" / "logs" / "output_torch_qwen3_next_pretrain" / "checkpoint"
+    save = tmp_path / ".a4ray" / "logs" / "output_megatron_qwen3_next_pretrain" / "checkpoint"
     killed: list[int] = []
     stop = threading.Event()
     killer = threading.Thread(target=_kill_a_rank_after_first_checkpoint, args=(save, killed, stop), daemon=True)
     killer.start()
     cmd = [PYTHON, "-m", "a4ray.qwen3_next", "--set", "restart.max_restarts=1", "--set", "restart.backoff_s=1",
-           "--result", "r1.json"]
+           "--set", "train.megatron.check_save=true", "--result", "r1.json"]
     try:
         run = subprocess.run(cmd, cwd=tmp_path, env=isolated_env(tmp_path), capture_output=True, text=True,
                              timeout=420)
@@ -66,28 +72,47 @@ def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_clu
     result = json.loads((tmp_path / "r1.json").read_text())
     steps = {s["name"]: s for s in result["steps"]}
     assert [s["name"] for s in result["steps"]] == ["stage", "convert", "preflight", "train"]
-    assert [s["status"] for s in result["steps"]] == ["ran", "skipped", "ran", "ran"]
-    assert "trains from the Hugging Face checkpoint" in steps["convert"]["detail"]
+    assert [s["status"] for s in result["steps"]] == ["ran", "ran", "ran", "ran"]
     assert "Ray tasks of the staging service" in steps["stage"]["runs"]
     assert PipelineResult.model_validate(result).model_dump(mode="json") == result  # the typed result, whole
 
+    # Qwen3-Next converted natively and verified tensor by tensor; its sibling converted too, by logits as well.
+    next_verdict, moe_verdict = steps["convert"]["detail"].splitlines()
+    assert "Qwen3-Next-tiny" in next_verdict and "round trip 154/154 HF tensors identical" in next_verdict
+    assert "logits not compared: megatron-core" in next_verdict
+    assert "Qwen3-MoE-tiny" in moe_verdict and "top-1 agreement 100.0%" in moe_verdict
+    assert "training its stand-in ckpts/huggingface/Qwen3-MoE-tiny instead" in out
+
+    # The Megatron trainer from the converted checkpoint, expert parallel across the two nodes.
+    assert "a4ray.mcore: loaded model weights from " in out and "Qwen3-MoE-tiny-to-mcore" in out
+    assert "ep 2 dp 2" in out and "distributed optimizer: on" in out
     # The killed rank failed the gang; the restart relaunched it and the trainer resumed from a checkpoint.
     train = steps["train"]["result"]
     assert "attempt 1/1: relaunching on a new gang; the trainer resumes from checkpoint iteration" in out
     resumed = train["start_iteration"]
-    assert resumed in (10, 20) and f"a4ray.trainer: resuming from checkpoint iteration {resumed}" in out
+    assert resumed in (10, 20) and f"a4ray.mcore: resuming from checkpoint iteration {resumed}" in out
     assert train["iterations"] == 30 and train["world_size"] == 2 and train["backend"] == "gloo"
     run_dir = Path(result["run_dir"])
-    lines = [m.groups() for m in map(_ITERATION.search, (run_dir / "logs" / "train" / "rank-0000.log")
-                                                   .read_text().splitlines()) if m]
-    losses = {int(i): float(loss) for i, _, loss in lines}  # both attempts: 1..killed, then resumed..30
+    lines = [m.groups() for log in sorted((run_dir / "logs" / "train").glob("rank-*.log"))
+             for m in map(_ITERATION.search, log.read_text().splitlines()) if m]
+    losses = {int(i): float(loss) for i, _, loss in lines}  # both attempts: 1..killed, then resumed + 1..30
     assert set(losses) == set(range(1, 31)) and losses[30] < losses[1] - 1.0, losses
-    assert (run_dir / "spec.yaml").is_file() and (run_dir / "plan.txt").is_file()
-    assert (run_dir / "logs" / "train" / "node-01.log").is_file()
+    history = PipelineResult.model_validate(result).progress()  # the run's metrics, from its iteration lines
+    assert [p.iteration for p in history] == list(range(1, 31)) and history[-1].loss == losses[30]
+    assert "progress: iteration 30/30" in out and "tokens/s" in out
+    # Every checkpoint saved loads back through megatron-core with every tensor equal to what was saved (the
+    # first may be cut short by the kill).
+    checked = {m.group(1): m.groups()[1:] for m in _CHECK_SAVE.finditer(out)}
+    assert {"iter_0000020", "iter_0000030"} <= set(checked) or {"iter_0000010", "iter_0000030"} <= set(checked)
+    assert all(a == b and c == d and int(b) > 0 for a, b, c, d in checked.values()), checked
+    # Megatron-LM's layout: iter_0000030/ complete, the tracker written last.
     final = save / "iter_0000030"
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "30"
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (final / "model").iterdir()}
-    assert (final / "trainer.pt").is_file() and train["checkpoint"] == str(final)
+    assert {"metadata.json", "common.pt", ".metadata"} <= {p.name for p in final.iterdir()}
+    assert train["checkpoint"] == str(final)
+    assert (run_dir / "spec.yaml").is_file() and (run_dir / "plan.txt").is_file()
+    assert (run_dir / "logs" / "train" / "node-01.log").is_file()
+    assert (run_dir / "logs" / "preflight" / "node-00.log").is_file()  # every step writes under the one run dir
 
     # What the same run launches on A4, node by node.
     a4 = out[out.index("on A4, `python -m a4ray.qwen3_next`"):]
@@ -99,25 +124,56 @@ def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_clu
 
     # Again, on the session cluster: every step is current.
     monkeypatch.chdir(tmp_path)
-    assert pipeline_main("qwen3_next", ["--config", PROFILE, "--skip", "preflight", "--result", "r2.json"]) == 0
+    assert pipeline_main("qwen3_next", ["--config", PROFILE, "--skip", "preflight", "--set",
+                                        "train.megatron.check_save=true", "--result", "r2.json"]) == 0
     again = json.loads((tmp_path / "r2.json").read_text())
-    assert [s["status"] for s in again["steps"]] == ["cached", "skipped", "skipped", "cached"]
-    assert "OK: 3 artifact(s) (3 cached)" in again["steps"][0]["detail"]
+    assert [s["status"] for s in again["steps"]] == ["cached", "cached", "skipped", "cached"]
+    assert "OK: 4 artifact(s) (4 cached)" in again["steps"][0]["detail"]
     assert again["steps"][3]["detail"].startswith("finished ")
 
     # --skip of a step whose outputs are missing: the pipeline stops there and names them.
     capsys.readouterr()
     assert pipeline_main("qwen3_next", ["--config", PROFILE, "--skip", "stage,convert", "--set", "train.trainer=pai",
-                                        "--set", "train.pai.parallel.ep=1", "--result", "r3.json"]) == 1
+                                        "--set", "train.pai.parallel.ep=1", "--set", "convert.output=ckpts/none-yet",
+                                        "--result", "r3.json"]) == 1
     skipped = json.loads((tmp_path / "r3.json").read_text())
     assert [s["status"] for s in skipped["steps"]] == ["skipped", "failed", "not-run", "not-run"]
-    assert skipped["steps"][0]["detail"] == "--skip stage; its outputs are there (5 checked)"
-    latest = tmp_path / ".a4ray" / "ckpts" / "huggingface" / "Qwen3-Next-tiny-to-mcore" / "latest"
+    assert skipped["steps"][0]["detail"] == "--skip stage; its outputs are there (6 checked)"
+    latest = tmp_path / ".a4ray" / "ckpts" / "none-yet" / "latest"
     assert skipped["steps"][1]["detail"] == (
         f"step convert is skipped (--skip convert), but its outputs are missing: the converted checkpoint "
         f"(convert.output/latest) ({latest}/latest_checkpointed_iteration.txt)\n  hint: run the convert step "
         f"(drop --skip convert)")
     assert "FAILED at convert: step convert is skipped" in capsys.readouterr().out
+
+
+def test_a_converted_checkpoint_that_does_not_fit_the_model_is_refused_before_training(tmp_path, local_cluster,
+                                                                                      monkeypatch):
+    """The Qwen3 rehearsal's conversion, then a model config whose experts are wider than the checkpoint's:
+    the Megatron trainer refuses it before any iteration, naming each tensor and both shapes."""
+    monkeypatch.chdir(tmp_path)
+    profile = str(REPO / "jobs" / "qwen3_local.yaml")
+    common = ["--config", profile, "--skip", "preflight", "--set", "train.iterations=4", "--set",
+              "train.warmup_iterations=1", "--set", "train.save_interval=4"]
+    assert pipeline_main("qwen3", [*common, "--result", "r1.json"]) == 0
+    ws = tmp_path / ".a4ray" / "ckpts" / "huggingface"
+    wide = ws / "Qwen3-MoE-wide"
+    wide.mkdir()
+    for f in (ws / "Qwen3-MoE-tiny").iterdir():
+        if f.suffix == ".json" or f.name == "merges.txt":
+            (wide / f.name).write_bytes(f.read_bytes())
+    config = json.loads((wide / "config.json").read_text())
+    (wide / "config.json").write_text(json.dumps({**config, "moe_intermediate_size": 48}))
+    assert pipeline_main("qwen3", [*common, "--skip", "stage,convert", "--set", "train.model=ckpts/huggingface/"
+                                   "Qwen3-MoE-wide", "--set", "convert.input=ckpts/huggingface/Qwen3-MoE-tiny",
+                                   "--set", "train.output=logs/wide", "--result", "r2.json"]) == 1
+    train = json.loads((tmp_path / "r2.json").read_text())["steps"][3]
+    assert train["status"] == "failed" and "exited with code 2" in train["detail"]
+    rank_log = next(Path(json.loads((tmp_path / "r2.json").read_text())["run_dir"]).glob("logs/train/rank-0000.log"))
+    text = rank_log.read_text()
+    assert "does not fit the model the config describes" in text and " iteration " not in text
+    assert ("decoder.layers.mlp.experts.experts.linear_fc1.weight: checkpoint shape (2, 8, 64, 64), model shape "
+            "(2, 8, 96, 64)") in text
 
 
 def test_skipping_stage_in_an_empty_workspace_names_every_missing_artifact(tmp_path, local_cluster, monkeypatch):

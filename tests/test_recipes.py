@@ -251,11 +251,11 @@ def test_without_a_cluster_the_local_profile_is_used_or_the_gap_is_named(monkeyp
     assert pipeline_main("swift_dpo", []) == 2  # ms-swift DPO has no local trainer to rehearse with
     err = capsys.readouterr().err
     assert "swift_dpo has no local rehearsal profile" in err and "--dry-run" in err
-    for kind in ("qwen3_next", "qwen3"):  # their profiles: the built-in trainer on 2 simulated nodes
+    for kind in ("qwen3_next", "qwen3"):  # their profiles: the Megatron trainer on 2 simulated nodes
         spec = load_job(REPO / "jobs" / f"{kind}_local.yaml")
-        assert spec.kind == kind and spec.train.trainer == "torch" and spec.cluster.nodes == 2 and spec.standins
+        assert spec.kind == kind and spec.train.trainer == "megatron" and spec.cluster.nodes == 2 and spec.standins
+        assert spec.train.megatron.parallel.ep == 2  # expert parallelism across the two nodes
         assert {a.source.split("/")[1] for a in spec.artifacts} == {"standins"}
-    # Qwen3-Next: no local converter (Pai's needs TE and GPUs); Qwen3-MoE: the native converter rehearses it.
-    assert "skipped: the built-in trainer trains from the Hugging Face checkpoint" in plan(
-        load_job(REPO / "jobs" / "qwen3_next_local.yaml"))
-    assert "[convert] a4ray's native converter: Ray tasks over layer ranges" in plan(load_job(REPO / "jobs/qwen3_local.yaml"))
+        # Both convert natively, never skipped: the trainer loads megatron-core's own layout.
+        assert "[convert] a4ray's native converter: Ray tasks over layer ranges" in plan(spec)
+    assert "the built-in trainer" not in plan(load_job(REPO / "jobs" / "qwen3_next_local.yaml"))

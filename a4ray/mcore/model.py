@@ -41,8 +41,7 @@ if TYPE_CHECKING:
     from megatron.core.transformer import TransformerConfig
 
 # What megatron-core's Qwen3-Next needs besides itself: (what, importable module).
-_HYBRID_NEEDS = (("Transformer Engine (its hybrid block spec is TE-only)", "transformer_engine"),
-                 ("FLA (GatedDeltaNet's Triton kernels)", "fla"))
+_HYBRID_NEEDS = (("Transformer Engine", "transformer_engine"), ("FLA", "fla"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +75,8 @@ def unbuildable(arch: Architecture) -> str | None:
     import megatron.core
 
     return (f"megatron-core {megatron.core.__version__} builds {arch.family}'s gated DeltaNet layers only with "
-            f"{' and '.join(what for what, _ in _HYBRID_NEEDS)}; not installed here: {', '.join(missing)}")
+            f"Transformer Engine (its hybrid block spec) and FLA (its Triton GPU kernels), and {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed here")
 
 
 def _dtype(dtype: torch.dtype | None) -> torch.dtype:

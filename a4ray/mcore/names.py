@@ -75,9 +75,10 @@ def names(role: str, naming: Naming) -> tuple[str, str]:
 
 
 def layer_roles(arch: Architecture) -> list[str]:
-    """The roles of the stacked (not layer-keyed) tensors of `arch`'s model."""
+    """The roles of the tensors of a model of stacked layers (Qwen3, Qwen3-MoE): those with a local-spec
+    name (the others are Qwen3-Next's), with the pre-MLP norm of the model's kind of MLP."""
     norm = "moe_norm" if arch.moe else "mlp_norm"
-    return [role for role in NAMES if role not in ("mlp_norm", "moe_norm")] + [norm]
+    return [role for role, table in NAMES.items() if "local" in table and role not in ("mlp_norm", "moe_norm")] + [norm]
 
 
 def sharded_renames(arch: Architecture, ours: Naming, theirs: Naming) -> dict[str, str]:
@@ -87,9 +88,7 @@ def sharded_renames(arch: Architecture, ours: Naming, theirs: Naming) -> dict[st
         return {}
     renames = {}
     for role in layer_roles(arch):
-        table = NAMES[role]
-        if ours in table or theirs in table:
-            mine, other = names(role, ours)[0], names(role, theirs)[0]
-            if mine != other:
-                renames[mine] = other
+        mine, other = names(role, ours)[0], names(role, theirs)[0]
+        if mine != other:
+            renames[mine] = other
     return renames

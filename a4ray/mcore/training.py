@@ -88,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="save and stop after an iteration divisible by this (Megatron-LM's --exit-interval)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="parameters' dtype: auto = bf16 on GPUs, fp32 on the CPU (the CPU is fp32 whatever is asked)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: CPUs / local ranks)")
     p.add_argument("--check-save", action="store_true",
                    help="after each save, load it back through megatron-core and compare with what was saved")
@@ -148,7 +150,9 @@ def build(args: argparse.Namespace, arch, parallel: Parallel, naming: str, use_d
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    module = gpt_model(arch, training=True, parallel=parallel, naming=naming, aux_loss_coeff=args.aux_loss_coeff)
+    dtype = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}[args.precision]
+    module = gpt_model(arch, training=True, parallel=parallel, naming=naming, dtype=dtype,
+                       aux_loss_coeff=args.aux_loss_coeff)
     config = module.config
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                use_distributed_optimizer=use_dist_opt)

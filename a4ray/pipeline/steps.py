@@ -180,8 +180,9 @@ class Convert(Step):
         return lines
 
     def run(self, ctx: Context) -> StepResult:
+        jobs = self.jobs()
         results = [ConvertWorkload(job).run(ctx.conn, ctx.run_dir, log_dir=ctx.run_dir.step_logs(self.name))
-                   for job in self.jobs()]
+                   for job in jobs]
         failed = next((r for r in results if not r.ok), None)
         if failed is not None:
             raise StepError(self.name, failed.verdict)
@@ -190,8 +191,8 @@ class Convert(Step):
         status = "cached" if all(r.status == "cached" for r in results) else \
             result.status if result.status in ("ran", "skipped") else "ran"
         return StepResult(name=self.name, status=status, detail="\n".join(r.verdict for r in results),
-                          outputs={"checkpoint": ctx.checkpoint, **{f"checkpoint of {r.key[:12]}": r.checkpoint
-                                                                    for r in results[:-1]}},
+                          outputs={"checkpoint": ctx.checkpoint, **{f"checkpoint of {Path(j.convert.input).name}":
+                                                                    r.checkpoint for j, r in zip(jobs, results[:-1])}},
                           result=result.model_dump(mode="json", exclude={"gang"}))
 
 
@@ -238,8 +239,8 @@ class Train(Step):
         spec = self.spec
         trainer = ctx.trainer()
         if trainer.stands_in:
-            say(f"train: {trainer.stands_in}; training its stand-in {spec.train.megatron.stand_in} instead "
-                "(converted alongside; on GPUs with those the model itself trains)")
+            say(f"train: {trainer.stands_in}: training its stand-in {spec.train.megatron.stand_in} instead (converted "
+                "alongside); where they are installed, the model itself trains")
         trainer.check()
         lost = nodefs.missing(spec.cluster, trainer.inputs())
         if lost:

@@ -79,6 +79,7 @@ class MegatronTrainerSpec(Spec):
 
     parallel: ParallelSpec = Field(ParallelSpec(), description="tp/pp/cp/ep/etp (sp: with tp > 1)")
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl on GPUs, gloo on CPU")
+    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on GPUs, fp32 on CPU")
     layers: Literal["auto", "te", "local"] = Field(
         "auto", description="megatron-core's layer spec: Transformer Engine's (te) where it imports (A4 images), "
         "else its local layers; the converted checkpoint of either naming loads")
@@ -91,6 +92,8 @@ class MegatronTrainerSpec(Spec):
                                          "(default: the HF config's router_aux_loss_coef)")
     seed: int = 1234
     keep_checkpoints: NonNegativeInt = Field(0, description="checkpoints kept, the newest (0: all)")
+    check_save: bool = Field(False, description="load every checkpoint back through megatron-core after saving it "
+                             "and compare every model and optimizer tensor with what was saved")
     threads: PositiveInt | None = Field(None, description="CPU threads per rank (default: CPUs / local ranks)")
     stand_in: str = Field("", description="a rehearsal's stand-in: on simulated nodes where megatron-core cannot "
                           "build train.model's layers (Qwen3-Next needs Transformer Engine and FLA's GPU kernels), "

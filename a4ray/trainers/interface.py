@@ -31,7 +31,13 @@ class Trainer(Workload[RecipeJob]):
         self.workspace = workspace
         self.simulated = simulated
         self.output = spec.on_nodes(workspace, spec.train_output)
-        self.checkpoint = checkpoint or self.converted(self.convert_inputs()[-1])
+        self._checkpoint = checkpoint
+
+    @property
+    def checkpoint(self) -> str:
+        """The Megatron checkpoint it starts from: the convert step's output, else the newest conversion of
+        what it trains (the last of `convert_inputs`)."""
+        return self._checkpoint or self.converted(self.convert_inputs()[-1])
 
     def converted(self, model: str) -> str:
         """Where the newest conversion of `model` (a spec path) is, as the nodes see it."""
@@ -44,7 +50,10 @@ class Trainer(Workload[RecipeJob]):
         last one's conversion."""
         return [self.spec.convert.input or self.spec.model_dir]
 
-    stands_in: str | None = None  # why a rehearsal trains a stand-in instead of the model (see MegatronTrain)
+    @property
+    def stands_in(self) -> str | None:
+        """Why a rehearsal trains a stand-in instead of the model (see MegatronTrain), or None."""
+        return None
 
     @abstractmethod
     def runs(self) -> str:

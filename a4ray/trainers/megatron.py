@@ -33,17 +33,21 @@ class MegatronTrain(Trainer):
     checks_model = True
 
     def __init__(self, spec: RecipeJob, *, workspace: str, checkpoint: str = "", simulated: bool = False):
-        t, at = spec.train, spec.on_nodes
-        self.spec, self.workspace, self.simulated = spec, workspace, simulated  # what stand_in_reason reads
-        self.stands_in = self.stand_in_reason()
-        self.model = at(workspace, t.megatron.stand_in if self.stands_in else t.model)
-        self.data = at(workspace, t.pretrain_data)
         super().__init__(spec, workspace=workspace, checkpoint=checkpoint, simulated=simulated)
+        self.data = spec.on_nodes(workspace, spec.train.pretrain_data)
 
-    def stand_in_reason(self) -> str | None:
+    @property
+    def model(self) -> str:
+        """The HF checkpoint it trains, as the nodes see it: the stand-in's where it stands in."""
+        t = self.spec.train
+        return self.spec.on_nodes(self.workspace, t.megatron.stand_in if self.stands_in else t.model)
+
+    @property
+    def stands_in(self) -> str | None:
         """On simulated nodes, why `train.megatron.stand_in` is trained instead of `train.model` (None: it is
         not): megatron-core cannot build the model's layers on this machine. Simulated nodes share its disk
-        and its Python, so the staged config.json and the installed packages here are the nodes'."""
+        and its Python, so the staged config.json and the installed packages here are the nodes'. Asked
+        again at each step: the model's config exists once the stage step has run."""
         stand_in = self.spec.train.megatron.stand_in
         config = Path(self.spec.on_nodes(self.workspace, self.spec.train.model)) / "config.json"
         if not (self.simulated and stand_in and config.is_file()):
@@ -55,8 +59,7 @@ class MegatronTrain(Trainer):
         return main + [self.spec.train.megatron.stand_in] if self.stands_in else main
 
     def runs(self) -> str:
-        what = (f"; here its stand-in {self.spec.train.megatron.stand_in}, as {self.stands_in}" if self.stands_in
-                else "")
+        what = f"; here its stand-in {self.spec.train.megatron.stand_in} (see train)" if self.stands_in else ""
         return ("a4ray's Megatron trainer: torchrun of a4ray.mcore on every node (megatron-core GPTModel from the "
                 f"converted checkpoint){what}")
 
@@ -111,7 +114,10 @@ class MegatronTrain(Trainer):
                 "--clip-grad", f"{m.grad_clip:g}", "--tp", str(par.tp), "--pp", str(par.pp), "--cp", str(par.cp),
                 "--ep", str(par.ep), "--etp", str(par.etp), "--distributed-optimizer", m.distributed_optimizer,
                 "--naming", m.layers, "--save-interval", str(t.save_interval), "--keep", str(m.keep_checkpoints),
-                "--log-interval", str(t.log_interval), "--seed", str(m.seed), "--backend", m.backend]
+                "--log-interval", str(t.log_interval), "--seed", str(m.seed), "--backend", m.backend,
+                "--precision", m.precision]
+        if m.check_save:
+            args.append("--check-save")
         if par.sp and par.tp > 1:
             args.append("--sequence-parallel")
         if m.aux_loss_coeff is not None:
