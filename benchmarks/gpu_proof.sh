@@ -1,36 +1,76 @@
 #!/usr/bin/env bash
-# The GPU proofs, in one call on a machine with 2 GPUs, each GPU one simulated node of an embedded cluster
-# (on a 1-GPU machine: one simulated node, and no busbw comparison, which needs traffic between two GPUs):
-#   1. the DDP test over NCCL                          (python -m a4ray.ddp_test)
-#   2. all_reduce busbw through the gang vs torchrun   (benchmarks/nccl_gang_vs_torchrun.py)
-#   3. the Qwen3-Next rehearsal's trainer over NCCL    (python -m a4ray.qwen3_next)
-# Logs and result JSON go to $OUT (or /tmp/a4ray-gpu-proof). Needs Ray: `source .gpu/activate.sh` first
-# (bash ../shared/tools/gpu-bundle.sh megatron-core==0.19.2 builds .gpu/).
+# The GPU proofs, in one call, each GPU one simulated node of an embedded cluster (on a 1-GPU machine: one
+# simulated node, and no traffic between nodes, which needs a GPU per node):
+#   ddp        the DDP test over NCCL                                    (python -m a4ray.ddp_test)
+#   nccl       all_reduce busbw through the gang vs torchrun (2+ GPUs)  (benchmarks/nccl_gang_vs_torchrun.py)
+#   qwen3      the Qwen3-MoE rehearsal: stage, native convert, Megatron trainer over NCCL in bf16, checkpoints
+#              every 10 iterations, each loaded back and compared       (python -m a4ray.qwen3)
+#   resume     the same run asked for 40 iterations: it resumes from iteration 30's checkpoint
+#   qwen3_next the Qwen3-Next rehearsal (its DeltaNet layers need Transformer Engine and FLA; without them it
+#              trains the Qwen3-MoE stand-in, and says so)
+#   carried    megatron-core here (0.19.x) from what 0.16.1 made on a CPU (.gpu-carry/, when carried): training
+#              from its converted checkpoint, and continuing its own trained checkpoint (fp32, as saved)
+# Logs and result JSON go to $OUT (or /tmp/a4ray-gpu-proof); ONLY="qwen3 resume" runs just those. Needs Ray:
+# `source .gpu/activate.sh` first (bash ../shared/tools/gpu-bundle.sh megatron-core==0.19.2 builds .gpu/).
 set -uo pipefail
 out=${OUT:-/tmp/a4ray-gpu-proof}
 mkdir -p "$out"
 export RAY_TMPDIR=${RAY_TMPDIR:-/tmp/r} PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$out/gpus.txt"
 echo "NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-unset}" | tee -a "$out/gpus.txt"
+python -c "import torch, megatron.core; print('torch', torch.__version__, 'megatron-core', megatron.core.__version__)" \
+  | tee -a "$out/gpus.txt"
 
-step() {  # name, command...: run it, keep its log, show its tail
+step() {  # name, command...: run it, keep its log, show its tail (unless ONLY names other steps)
   local name=$1; shift
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   echo "=== $name: $*"
   local t0=$SECONDS
   "$@" > "$out/$name.log" 2>&1
   local rc=$?
-  grep -vE '^\[n[0-9]+( r[0-9]+)?\] ' "$out/$name.log" | tail -n 25
+  grep -vE '^\[n[0-9]+( r[0-9]+)?\] ' "$out/$name.log" | grep -vE '^(┃|│|┏|┡|└)' | tail -n 12
   echo "=== $name: exit $rc in $((SECONDS - t0))s"
+}
+iterations() {  # name: the first and last iteration lines of its log
+  [ -f "$out/$1.log" ] || return 0
+  grep -E 'iteration +[0-9]+/' "$out/$1.log" | head -n 1 | cut -c1-330
+  grep -E 'iteration +[0-9]+/' "$out/$1.log" | tail -n 1 | cut -c1-330
 }
 
 gpus=$(nvidia-smi -L | grep -c '^GPU ')
 nodes=$(( gpus >= 2 ? 2 : 1 ))
-step ddp python -m a4ray.ddp_test --local-nodes "$nodes" --gpus-per-node 1 --result "$out/ddp.json"
+ws=/tmp/a4ray-ws
+shape=(--local-nodes "$nodes" --gpus-per-node 1 --set "storage.local_workspace=$ws")
+step ddp python -m a4ray.ddp_test "${shape[@]}" --result "$out/ddp.json"
 if [ "$nodes" -ge 2 ]; then
   step nccl python benchmarks/nccl_gang_vs_torchrun.py --nodes 2 --gpus-per-node 1 -b 1G -e 8G
 else
   echo "=== nccl: not run: busbw between simulated nodes needs one GPU per node, this machine has $gpus"
 fi
-step rehearsal python -m a4ray.qwen3_next --local-nodes "$nodes" --gpus-per-node 1 --set storage.local_workspace=/tmp/a4ray-ws
-grep -E 'iteration +[0-9]+/' "$out/rehearsal.log" | head -n 3
-grep -E 'iteration +[0-9]+/' "$out/rehearsal.log" | tail -n 2
+megatron=(--set "train.megatron.parallel.ep=$nodes" --set train.megatron.check_save=true)
+step qwen3 python -m a4ray.qwen3 "${shape[@]}" "${megatron[@]}" --result "$out/qwen3.json"
+iterations qwen3
+grep -E 'check-save|loaded model weights|distributed optimizer' "$out/qwen3.log" 2>/dev/null | head -n 4 | cut -c1-250
+step resume python -m a4ray.qwen3 "${shape[@]}" "${megatron[@]}" --set train.iterations=40 --result "$out/resume.json"
+grep -E 'resuming from checkpoint' "$out/resume.log" 2>/dev/null | head -n 1 | cut -c1-250
+iterations resume
+step qwen3_next python -m a4ray.qwen3_next "${shape[@]}" "${megatron[@]}" --result "$out/qwen3_next.json"
+grep -E 'train: .*stand-in|logits not compared' "$out/qwen3_next.log" 2>/dev/null | head -n 2 | cut -c1-300
+iterations qwen3_next
+
+carry=.gpu-carry/.a4ray
+if [ -d "$carry" ]; then
+  data=$carry/datasets/qwen-mmap/mmap_qwen3_datasets_text_document
+  model=$carry/ckpts/huggingface/Qwen3-MoE-tiny
+  rm -rf /tmp/carried && mkdir -p /tmp/carried && cp -r $carry/logs/output_megatron_qwen3_pretrain/checkpoint /tmp/carried/resumed
+  args=(--model "$model" --data-path "$data" --seq-length 64 --micro-batch-size 4 --global-batch-size 4 --lr 3e-3
+        --min-lr 3e-4 --lr-warmup-iters 3 --save-interval 10 --check-save)
+  step carried_convert python -m torch.distributed.run --nproc-per-node 1 -m a4ray.mcore "${args[@]}" \
+    --load "$carry/ckpts/huggingface/Qwen3-MoE-tiny-to-mcore/latest" --save /tmp/carried/fresh --train-iters 20
+  grep -E 'loaded model weights|check-save' "$out/carried_convert.log" 2>/dev/null | head -n 2 | cut -c1-250
+  iterations carried_convert
+  step carried_resume python -m torch.distributed.run --nproc-per-node 1 -m a4ray.mcore "${args[@]}" \
+    --save /tmp/carried/resumed --train-iters 40 --precision fp32
+  grep -E 'resuming from checkpoint|check-save' "$out/carried_resume.log" 2>/dev/null | head -n 2 | cut -c1-250
+  iterations carried_resume
+fi

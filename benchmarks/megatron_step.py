@@ -118,6 +118,7 @@ def main() -> int:
     world = args.nodes * args.gpus_per_node
     args.ep = max(e for e in (1, 2, 4, 8) if world % e == 0)
     args.dir = args.dir or tempfile.mkdtemp(prefix="a4ray-megatron-bench-")
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
     ws = Path(args.dir) / "ws"
     args.model = None
     if args.size == "small":  # a bigger model of the stand-in's family and tokenizer

@@ -348,6 +348,8 @@ class ConvertWorkload(Workload[ConvertJob]):
         # max_calls=1: the worker exits afterwards, taking megatron-core's process-wide CPU shims with it.
         task = ray.remote(max_calls=1)(verify.run).options(
             num_cpus=1, max_retries=0, memory=verify.memory_needed(arch, c.verify) or None,
+            # It compares on the CPU (fp32), as designed; a node's GPUs stay the trainer's.
+            runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": ""}},
             resources={self.spec.cluster.node_resource: 0.001}, name=f"a4ray-convert-{self.spec.name}-verify")
         try:
             report = ray.get(task.remote(str(root), str(source), c.naming, c.format, c.verify,

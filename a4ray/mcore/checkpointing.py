@@ -68,8 +68,9 @@ def read_tracker(root: Path) -> int | str | None:
 
 
 def is_complete(directory: Path) -> bool:
-    """mcore writes metadata.json after every rank's data and DCP's .metadata are in place."""
-    return all((directory / name).is_file() for name in ("metadata.json", ".metadata", "common.pt"))
+    """mcore writes metadata.json after every rank's data and DCP's .metadata are in place. (common.pt, the
+    non-tensor state, is a file of its own up to megatron-core 0.16; from 0.19 it is inside DCP's files.)"""
+    return all((directory / name).is_file() for name in ("metadata.json", ".metadata"))
 
 
 def newest_complete(save: Path) -> int | None:
@@ -100,7 +101,7 @@ def converted_dir(root: Path) -> Path:
     directory = iteration_dir(root, named)
     if not is_complete(directory):
         raise FileNotFoundError(f"{directory}: not a complete torch_dist checkpoint "
-                                "(metadata.json, .metadata and common.pt expected)")
+                                "(metadata.json and .metadata expected)")
     return directory
 
 
@@ -150,7 +151,14 @@ def _set_rng_state(states) -> None:
     random.setstate(state["random_rng_state"])
     np.random.set_state(state["np_rng_state"])
     torch.set_rng_state(state["torch_rng_state"])
-    if torch.cuda.is_available() and state.get("cuda_rng_state") is not None:
+    saved_on_gpu = state.get("cuda_rng_state") is not None
+    if saved_on_gpu != torch.cuda.is_available():
+        # The model-parallel RNG tracker's states are CUDA generator states on GPUs and CPU ones on the CPU: a
+        # checkpoint of the other kind starts them afresh from the seed (Megatron-LM's --no-load-rng).
+        print(f"a4ray.mcore: RNG tracker states saved on {'a GPU' if saved_on_gpu else 'the CPU'} are not "
+              "restored here; seeded afresh", flush=True)
+        return
+    if saved_on_gpu:
         torch.cuda.set_rng_state(state["cuda_rng_state"])
     if state.get("rng_tracker_states"):
         tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])

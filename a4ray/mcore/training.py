@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -214,12 +215,17 @@ def loss_func(loss_mask: torch.Tensor, output: torch.Tensor):
 
 
 def forward_step(data_iterator, model):
+    from megatron.core import parallel_state
     from megatron.core.utils import get_batch_on_this_cp_rank
 
     batch = next(data_iterator)
     device = next(model.parameters()).device
     batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-    batch = get_batch_on_this_cp_rank(batch)  # this context-parallel rank's share of the sequence
+    if parallel_state.get_context_parallel_world_size() > 1:  # this context-parallel rank's share of the sequence
+        # megatron-core 0.19 added a required `is_hybrid_cp` (0.16 has none): this is plain (not hybrid) CP.
+        hybrid = {"is_hybrid_cp": False} if "is_hybrid_cp" in inspect.signature(get_batch_on_this_cp_rank).parameters \
+            else {}
+        batch = get_batch_on_this_cp_rank(batch, **hybrid)
     # The dataset's causal mask when it makes one (CPU / local attention); else the attention's own.
     output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
@@ -357,7 +363,9 @@ def check_saved(directory: Path, module, optimizer, use_dist_opt: bool) -> None:
         optimizer.load_state_dict(loaded["optimizer"])
     optim_after = list(_optimizer_tensors(optimizer))
     optim_equal = sum(torch.equal(a, b) for a, b in zip(optim_before, optim_after))
-    counts = torch.tensor([model_equal, len(model_before), optim_equal, len(optim_before)], dtype=torch.long)
+    device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"  # NCCL reduces GPU tensors only
+    counts = torch.tensor([model_equal, len(model_before), optim_equal, len(optim_before)], dtype=torch.long,
+                          device=device)
     dist.all_reduce(counts)
     say(f"check-save {directory.name}: loaded back through megatron-core: model tensors equal "
         f"{counts[0]}/{counts[1]}, optimizer state tensors equal {counts[2]}/{counts[3]} (summed over ranks)")
