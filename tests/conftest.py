@@ -27,11 +27,14 @@ from a4ray.spec import load_job
 REPO = Path(__file__).resolve().parents[1]
 SESSION_NODES = 3
 SESSION_GPUS = 2
+# A secret in the session nodes' environment, as kuberay.secrets puts one on A4 (specs never hold one).
+NODE_SECRET = "a4ray-nodeSECRET-0123456789abcdef"
 
 
 @pytest.fixture(scope="session")
 def _session_cluster():
-    cluster = SimulatedCluster(SESSION_NODES, SESSION_GPUS)
+    cluster = SimulatedCluster(SESSION_NODES, SESSION_GPUS,
+                               node_env={i: {"A4RAY_TEST_API_KEY": NODE_SECRET} for i in range(SESSION_NODES)})
     cluster.start()
     yield cluster
     if ray.is_initialized():

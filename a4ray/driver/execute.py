@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from a4ray.core.console import say
 from a4ray.core.errors import A4RayError, Cancelled
+from a4ray.core.redact import redact
 from a4ray.core.results import Result
 from a4ray.core.rundir import RunDir
 from a4ray.driver import session
@@ -36,7 +37,8 @@ def plan(spec: JobSpec, job: Job | None = None) -> BaseModel | str:
 
 
 def render(plan: BaseModel | str) -> str:
-    return plan if isinstance(plan, str) else plan.render()
+    """The plan as text, secrets (credentials in URLs, ...) masked: what --dry-run prints."""
+    return redact(plan if isinstance(plan, str) else plan.render())
 
 
 def run(spec: JobSpec, *, job: Job | None = None, address: str | None = None, dashboard: bool = False,

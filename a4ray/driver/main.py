@@ -29,8 +29,8 @@ from a4ray.driver.kinds import Job, job_for
 from a4ray.pipeline import rehearsal
 from a4ray.runtime import connect as connection
 from a4ray.spec.job import JOB_KINDS, JobSpec
-from a4ray.spec.loader import load_job
-from a4ray.spec.overrides import parse_yaml
+from a4ray.spec.loader import check_kind, load_job
+from a4ray.spec.overrides import read_yaml_file
 from a4ray.spec.recipes import STEPS, RecipeJob
 from a4ray.staging.stager import Staging
 from a4ray.workloads.doctor import Doctor
@@ -137,7 +137,7 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
         job = command.job(spec, args) if command.job else job_for(spec)
         if args.dry_run:
             plan = execute.plan(spec, job)
-            print(execute.render(plan), flush=True)
+            print(execute.render(plan), flush=True)  # redacted there
             _write_result(args.result, plan.model_dump_json(indent=2) if not isinstance(plan, str) else None)
             return 0
         result = execute.run(spec, job=job, address=args.address, dashboard=args.dashboard, run_dir=args.run_dir)
@@ -147,10 +147,10 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
         print(f"a4ray: cancelled{job.cancel_note if job else ''}", file=sys.stderr, flush=True)
         return 130
     if result.table():
-        print(result.table(), flush=True)
+        print(redact(result.table()), flush=True)
     say(result.verdict)
     if rehearsing and result.ok:
-        print(rehearsal.a4_summary(kind, sets, result), flush=True)
+        print(redact(rehearsal.a4_summary(kind, sets, result)), flush=True)
     _write_result(args.result, result.model_dump_json(indent=2))
     return result.exit_code
 
@@ -169,11 +169,11 @@ def _overrides(command: Command, args: argparse.Namespace) -> list[str]:
 
 def _kind_of(config: str) -> str:
     """The `kind:` a spec file names (loading it validates it, naming the file)."""
-    path = Path(config)
-    data = parse_yaml(path.read_text(), config) if path.is_file() else None
+    data = read_yaml_file(Path(config), config)
     kind = data.get("kind") if isinstance(data, dict) else None
-    if not kind:  # a missing file, or no kind: the loader says which
+    if not kind:  # not a mapping, or no kind: the loader says which
         return load_job(config).kind
+    check_kind(kind, config)
     return kind
 
 
@@ -196,7 +196,7 @@ def error_exit(error: A4RayError, kind: str | None = None, result_path: str | No
     partial = getattr(error, "result", None)
     partial = partial if isinstance(partial, Result) else None
     if partial is not None and partial.table():
-        print(partial.table(), flush=True)
+        print(redact(partial.table()), flush=True)
     print(f"a4ray: error: {error}", file=sys.stderr, flush=True)
     if partial is not None:
         say(partial.verdict)
