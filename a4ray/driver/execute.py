@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from a4ray.core.console import say
-from a4ray.core.errors import A4RayError, Cancelled
+from a4ray.core.errors import A4RayError, Cancelled, SpecError
 from a4ray.core.redact import redact
 from a4ray.core.results import Result
 from a4ray.core.rundir import RunDir
@@ -55,6 +55,12 @@ def run(spec: JobSpec, *, job: Job | None = None, address: str | None = None, da
     try:
         with connect(address, cluster=spec.cluster, dashboard=dashboard) as conn, sigterm_as_interrupt():
             workspace = conn.workspace(spec.storage)
+            # Every path it writes by name, and its record, stay in the workspace: checked before anything runs.
+            try:
+                spec.check_writes(workspace, [("run directory", record.root if record else "runs")])
+            except SpecError:
+                record = None  # nothing is written where it would lead
+                raise
             record = record or RunDir.create(workspace, spec.name)
             say(f"run directory: {record.root}")
             record.write_spec(spec)

@@ -80,7 +80,7 @@ def write_path_problem(path: str, workspace: str, local_workspace: str) -> str |
     return None
 
 
-def escapes_workspace(workspace: Path, path: str) -> Path | None:
+def escapes_workspace(workspace: Path, path: str | Path) -> Path | None:
     """Where `path` (relative to `workspace` unless absolute) really leads, symlinks followed, if that is outside
     `workspace`; None if it stays inside."""
     root = workspace.resolve()

@@ -6,16 +6,18 @@ so a YAML file's `kind:` picks its model and `extra="forbid"` applies to every s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
 from pydantic import Field, PositiveFloat, PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
+from a4ray.core.errors import SpecError
 from a4ray.core.redact import MASK, is_secret_name
 from a4ray.spec.cluster import ClusterSpec, NetworkSpec, StorageSpec
-from a4ray.spec.fields import Spec, write_path_problem
+from a4ray.spec.fields import Spec, escapes_workspace, write_path_problem
 from a4ray.spec.kuberay import KubeRaySpec
-from a4ray.spec.overrides import apply_overrides, dump_yaml, parse_sets
+from a4ray.spec.overrides import dotted, apply_overrides, dump_yaml, parse_sets
 from a4ray.spec.resilience import DoctorSpec, ObserveSpec, RestartSpec
 
 JOB_KINDS: dict[str, type[JobSpec]] = {}
@@ -71,6 +73,16 @@ class JobSpec(Spec):
         must stay inside the workspace: checked from the spec here, symlinks followed where the workspace is
         known (the driver). Run directories are always `<workspace>/runs/<id>`. Kinds that write more add theirs."""
         return []
+
+    def check_writes(self, workspace: Path, extra: list[tuple[str, str | Path]] = ()) -> None:
+        """Refuse, before anything runs, a write path (and `extra` ones: (what, path)) that resolves outside
+        `workspace`, the nodes' workspace root, once symlinks are followed."""
+        named = [(dotted(loc), path) for loc, path in self.write_paths()] + list(extra)
+        problems = [f"{what}: {str(path)!r} resolves to {real}, outside the workspace {workspace} (a symlink leads out)"
+                    for what, path in named if (real := escapes_workspace(workspace, path)) is not None]
+        if problems:
+            raise SpecError(self.source, problems, hint="point the symlink into the workspace, or name a path that "
+                            "stays in it")
 
     @property
     def source(self) -> str:

@@ -146,7 +146,7 @@ def _assign(root: dict, tokens: list[Token], value: Any, origin: str) -> None:
     node: Any = root
     for depth, token in enumerate(tokens):
         last = depth == len(tokens) - 1
-        where = _dotted(tokens[:depth]) or "the top level"
+        where = dotted(tokens[:depth]) or "the top level"
         if isinstance(node, list):
             if not isinstance(token, int):
                 raise SpecError("--set", [f"{origin}: {where} is a list; index it with [N]"])
@@ -167,7 +167,7 @@ def _assign(root: dict, tokens: list[Token], value: Any, origin: str) -> None:
             node = node[token]
 
 
-def _dotted(loc: tuple | list) -> str:
+def dotted(loc: tuple | list) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
@@ -228,7 +228,7 @@ def _describe(error: dict, cls: type[BaseModel]) -> str:
     if kind == "missing":
         return "required field is missing"
     if kind == "secret_in_spec":
-        return secret_in_spec(_dotted(loc))
+        return secret_in_spec(dotted(loc))
     msg = error["msg"].replace("Value error, ", "")
     if msg.startswith("Input should be "):
         wanted = msg.removeprefix("Input should be ")
@@ -255,7 +255,7 @@ def validate(cls: type[J], data: Any, source: str, origins: dict[tuple, str] | N
             loc = tuple(error["loc"]) + ((ctx["key"],) if "key" in ctx else tuple(ctx.get("path", ())))
             error["loc"] = loc
             origin = next((o for path, o in (origins or {}).items() if loc[: len(path)] == path), None)
-            line = f"{_dotted(loc) or '(top level)'}: {_describe(error, cls)}"
+            line = f"{dotted(loc) or '(top level)'}: {_describe(error, cls)}"
             problems.append(line + (f" (from {origin})" if origin else ""))
         raise SpecError(source, problems) from None
     if hasattr(spec, "_source"):

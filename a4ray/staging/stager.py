@@ -23,6 +23,7 @@ from a4ray.core.rundir import RunDir
 from a4ray.runtime.connect import Connection, attached
 from a4ray.spec.artifacts import ArtifactSpec, Staged, StagingOptions
 from a4ray.spec.cluster import ClusterSpec, StorageSpec
+from a4ray.spec.fields import escapes_workspace
 from a4ray.spec.job import JobSpec
 from a4ray.staging.display import Display, human_bytes
 from a4ray.staging.service import get_service
@@ -64,6 +65,16 @@ def _absolute_source(artifact: ArtifactSpec) -> ArtifactSpec:
     if ref.scheme == "file" and "://" not in artifact.source and not os.path.isabs(artifact.source):
         return artifact.model_copy(update={"source": os.path.abspath(artifact.source)})
     return artifact
+
+
+def _check_targets(spec: JobSpec | Sequence[ArtifactSpec], artifacts: list[ArtifactSpec], root: Path) -> None:
+    """Every target resolves inside the workspace `root`, symlinks followed, or nothing is staged."""
+    every = list(spec.artifacts if isinstance(spec, JobSpec) else spec)
+    problems = [f"artifacts[{every.index(a)}].target: {a.target!r} resolves to {real}, outside the workspace {root}"
+                for a in artifacts if (real := escapes_workspace(root, a.target)) is not None]
+    if problems:
+        raise SpecError(spec.source if isinstance(spec, JobSpec) else "<artifacts>", problems,
+                        hint="stage into a directory inside the workspace (a symlink there leads out)")
 
 
 class Staging:
@@ -127,6 +138,7 @@ def stage(spec: JobSpec | Sequence[ArtifactSpec], *, workspace: str | Path | Non
     root = Path(workspace).resolve() if workspace else conn.workspace(storage)
     if conn.simulated:  # every simulated node shares this machine's disk: the workspace is ours to create
         root.mkdir(parents=True, exist_ok=True)
+    _check_targets(spec, artifacts, root)
     requests = [StageRequest(artifact=_absolute_source(a), options=options, workspace=str(root), job=job,
                              target=str(resolve_target(root, a.target))) for a in artifacts]
     if cluster.nodes > 1:
