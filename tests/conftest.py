@@ -87,7 +87,8 @@ def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """Env for a subprocess that must start its own embedded cluster (no RAY_ADDRESS, own RAY_TMPDIR)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))  # short: Ray's socket paths have a limit
-    env.update(RAY_TMPDIR=str(ray_tmp), PYTHONPATH=str(REPO), **extra)
+    # RAY_AUTH_MODE=token: what `a4ray local up` tells the same user to submit with (the token is in its file).
+    env.update(RAY_TMPDIR=str(ray_tmp), PYTHONPATH=str(REPO), RAY_AUTH_MODE="token", **extra)
     return env
 
 

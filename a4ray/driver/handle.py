@@ -24,9 +24,11 @@ from ray.job_submission import JobSubmissionClient
 
 from a4ray.core.console import say
 from a4ray.core.errors import A4RayError
+from a4ray.core.redact import has_url_credentials
 from a4ray.core.results import Result, dataframe, load_result
 from a4ray.core.rundir import RunDir
 from a4ray.driver import kinds  # noqa: F401 - defines every job's result class, so load_result reads it
+from a4ray.runtime import auth
 from a4ray.runtime.connect import Connection
 from a4ray.spec.job import JobSpec
 from a4ray.spec.loader import load_job
@@ -58,6 +60,7 @@ class Run:
 
     # ------------------------------------------------------------------------------------------ job
     def _client(self) -> JobSubmissionClient:
+        auth.use_token_for(self.job_api)  # as Ray documents: RAY_AUTH_MODE=token, the token from ~/.ray/auth_token
         return JobSubmissionClient(self.job_api)
 
     def start(self, entrypoint: str, *, runtime_env: dict | None = None) -> None:
@@ -205,6 +208,12 @@ def submit(spec: JobSpec, conn: Connection, *, runtime_env: dict | None = None) 
                          "--include-dashboard=true`), or run here with a4ray.run(spec)")
     if spec.kind == "stage":
         raise A4RayError("a stage spec runs as Ray tasks from this process", hint="a4ray.run(spec)")
+    if has_url_credentials(spec.to_yaml()):
+        # The job's driver reads the spec from the run directory, which is a record: redacted, never a credential.
+        raise A4RayError("the spec holds a URL with credentials (a password or signature), and a submitted run "
+                         "reads its spec from its run directory, which never records one",
+                         hint="run it from this process (a4ray.run(spec)), or give the nodes the credential "
+                         "(staging.token_file, kuberay.secrets) instead of the URL")
     workspace = conn.workspace(spec.storage)
     if conn.simulated:  # the driver finds the local workspace where this process does, wherever it runs
         spec = spec.set("storage.local_workspace", str(workspace))

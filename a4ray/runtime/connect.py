@@ -18,6 +18,7 @@ import ray
 
 from a4ray.core.console import say, warn
 from a4ray.core.errors import ConnectError
+from a4ray.runtime import auth
 from a4ray.runtime.simulated import LOCAL_ROOT_ENV, SIMULATED_LABEL, SimulatedCluster
 from a4ray.spec.cluster import ClusterSpec, StorageSpec
 
@@ -74,6 +75,7 @@ class Connection:
 
 def _init(address: str) -> str | None:
     """Connect this process; returns the dashboard's URL (None without a dashboard)."""
+    auth.use_token_for(address)  # a local cluster of a4ray's wants this user's token; another host never gets it
     if address.startswith("ray://"):  # Ray Client takes the namespace; the rest is the server's business
         context = _init_client(address)
     else:
