@@ -14,9 +14,10 @@ import pytest
 import ray
 from conftest import NODE_SECRET, job
 
-from a4ray.core.errors import GangFailed, GangStartTimeout, GangTimeout, GibMissing
+from a4ray.core.errors import GangFailed, GangStartTimeout, GangTimeout, GangUnplaceable, GibMissing
 from a4ray.driver.execute import run
-from a4ray.runtime.gang import Gang
+from a4ray.runtime import gang as gang_module
+from a4ray.runtime.gang import Gang, cluster_growth
 from a4ray.runtime.process import LAUNCH_ID_VAR
 from a4ray.spec.cluster import GKE_HOST_LABEL
 from a4ray.workloads.generic import Command
@@ -93,23 +94,50 @@ def test_rank_order_and_master_follow_topology_labels(local_cluster):
         gang.close()
 
 
-def test_infeasible_gang_fails_within_its_timeout_with_a_clear_message(local_cluster):
-    spec = job("command", "cluster.nodes=5", "cluster.gpus_per_node=2", "cluster.start_timeout_s=2",
-               "command.argv=[true]")
-    with pytest.raises(GangStartTimeout) as e:
+def test_a_gang_that_can_never_be_placed_fails_at_once_where_nothing_can_add_nodes(local_cluster):
+    # start_timeout_s=120: before, it waited all of it; a cluster of simulated nodes cannot grow.
+    spec = job("command", "cluster.nodes=5", "cluster.gpus_per_node=2", "command.argv=[true]")
+    t0 = time.monotonic()
+    with pytest.raises(GangUnplaceable) as e:
         Gang(spec, log_dir="/tmp").start()
+    assert time.monotonic() - t0 < 15
     text = str(e.value)
     assert "needs 5 node(s) with resource 'a4-highgpu-8g' and 2 GPU(s) each" in text
-    assert "the cluster has 3 such node(s)" in text and "start_timeout_s=2" in text
-    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=4", "cluster.start_timeout_s=2",
-               "command.argv=[true]")
-    with pytest.raises(GangStartTimeout) as e:
+    assert "the cluster has 3 such node(s)" in text and "nothing can add nodes" in text
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=4", "command.argv=[true]")
+    with pytest.raises(GangUnplaceable) as e:
         Gang(spec, log_dir="/tmp").start()
     assert "0 with enough GPUs" in str(e.value)
     # The failed gangs released what they had: a feasible gang still places.
     gang = Gang(job("command", "cluster.nodes=3", "cluster.gpus_per_node=2", "command.argv=[true]"), log_dir="/tmp")
     gang.start()
     gang.close()
+
+
+def test_where_an_autoscaler_can_add_nodes_the_gang_waits_its_timeout_saying_for_what(local_cluster, monkeypatch,
+                                                                                      capsys):
+    monkeypatch.setattr(gang_module, "cluster_growth", lambda: (True, "Ray's autoscaler can add nodes"))
+    spec = job("command", "cluster.nodes=5", "cluster.gpus_per_node=2", "cluster.start_timeout_s=3",
+               "command.argv=[true]")
+    t0 = time.monotonic()
+    with pytest.raises(GangStartTimeout) as e:
+        Gang(spec, log_dir="/tmp").start()
+    assert time.monotonic() - t0 >= 3 and not isinstance(e.value, GangUnplaceable)
+    assert "start_timeout_s=3" in str(e.value)
+    out = capsys.readouterr().out
+    assert "waiting up to cluster.start_timeout_s=3s for nodes the cluster does not have yet" in out
+    assert "Ray's autoscaler can add nodes" in out
+
+
+def test_a_static_ray_cluster_is_told_from_one_that_autoscales(local_cluster, monkeypatch):
+    """Read from the GCS as Ray writes it: the session cluster's head runs only the read-only monitor."""
+    assert cluster_growth()[0] is False  # its nodes are simulated
+    real = [dict(n, Labels={}) for n in ray.nodes()]
+    monkeypatch.setattr(ray, "nodes", lambda: real)  # as if its nodes were real machines
+    deadline = time.monotonic() + 30
+    while (answer := cluster_growth())[0] is None and time.monotonic() < deadline:
+        time.sleep(1)  # the monitor reports every few seconds after the head starts
+    assert answer == (False, "the cluster has no autoscaler (a static Ray cluster: nothing adds nodes)")
 
 
 @pytest.mark.parametrize("launcher, node_code", [("a4ray", 3), ("torchrun", 1)])
