@@ -23,7 +23,7 @@ from a4ray.core.rundir import RunDir
 from a4ray.driver import session
 from a4ray.driver.handle import submit
 from a4ray.driver.kinds import Job, job_for
-from a4ray.runtime.connect import connect
+from a4ray.runtime.connect import Connection, connect
 from a4ray.runtime.signals import sigterm_as_interrupt
 from a4ray.spec.job import JobSpec
 
@@ -42,10 +42,11 @@ def render(plan: BaseModel | str) -> str:
 
 
 def run(spec: JobSpec, *, job: Job | None = None, address: str | None = None, dashboard: bool = False,
-        run_dir: str | Path | None = None) -> Result:
+        run_dir: str | Path | None = None, conn: Connection | None = None) -> Result:
     """Run `spec` (or `job`, built from it) to completion and return its typed result. It connects like
     every entry point: this process's cluster first. Through Ray Client the run goes to the cluster as a
-    Ray job and this call follows it. `run_dir`: an existing run directory (a submitted run's)."""
+    Ray job and this call follows it. `run_dir`: an existing run directory (a submitted run's); `conn`: a
+    connection the caller opened for this run (closed here)."""
     job = job or job_for(spec)
     job.check()
     cluster = session.current()
@@ -53,7 +54,7 @@ def run(spec: JobSpec, *, job: Job | None = None, address: str | None = None, da
         return submit(spec, cluster.conn).follow()
     record = RunDir.existing(run_dir) if run_dir else None
     try:
-        with connect(address, cluster=spec.cluster, dashboard=dashboard) as conn, sigterm_as_interrupt():
+        with conn or connect(address, cluster=spec.cluster, dashboard=dashboard) as conn, sigterm_as_interrupt():
             workspace = conn.workspace(spec.storage)
             # Every path it writes by name, and its record, stay in the workspace: checked before anything runs.
             try:

@@ -21,6 +21,7 @@ from a4ray.core.errors import SpecError, StagingError, StagingFailed
 from a4ray.core.results import Result
 from a4ray.core.rundir import RunDir
 from a4ray.runtime.connect import Connection, attached
+from a4ray.runtime.simulated import local_root
 from a4ray.spec.artifacts import ArtifactSpec, Staged, StagingOptions
 from a4ray.spec.cluster import ClusterSpec, StorageSpec
 from a4ray.spec.fields import escapes_workspace
@@ -28,6 +29,7 @@ from a4ray.spec.job import JobSpec
 from a4ray.staging.display import Display, human_bytes
 from a4ray.staging.service import get_service
 from a4ray.staging.sources import source_for
+from a4ray.staging.standins import make_all
 from a4ray.staging.task import ArtifactOutcome, StageRequest
 
 _SERVICE_RETRIES = 3  # new staging services to try when one dies under us (each resumes the partial downloads)
@@ -60,11 +62,23 @@ def resolve_target(workspace: Path, target: str) -> Path:
 
 
 def _absolute_source(artifact: ArtifactSpec) -> ArtifactSpec:
-    """Plain relative paths are relative to the driver's directory; the nodes need them absolute."""
+    """Plain relative paths are relative to the local root (the directory a simulated cluster started in, else
+    the driver's); the nodes need them absolute. Not the driver's own directory: a submitted job's driver runs
+    in a temporary copy of its working_dir, and the same source must fingerprint the same however the job is
+    started (or its target would look staged from elsewhere)."""
     ref = artifact.ref
     if ref.scheme == "file" and "://" not in artifact.source and not os.path.isabs(artifact.source):
-        return artifact.model_copy(update={"source": os.path.abspath(artifact.source)})
+        return artifact.model_copy(update={"source": os.path.normpath(local_root() / artifact.source)})
     return artifact
+
+
+def make_standins(spec: JobSpec) -> None:
+    """A local rehearsal's spec (`standins:`) stages tiny stand-ins: make them first (kept if current)."""
+    out = getattr(spec, "standins", None)
+    if out:
+        t0 = time.monotonic()
+        made = make_all(out)
+        say(f"stand-ins in {local_root() / out} ({time.monotonic() - t0:.1f}s): {', '.join(made)}")
 
 
 def _check_targets(spec: JobSpec | Sequence[ArtifactSpec], artifacts: list[ArtifactSpec], root: Path) -> None:
@@ -97,9 +111,13 @@ class Staging:
         _chosen(spec.artifacts, self.only)
 
     def plan(self, workspace: str | None = None) -> str:
-        return plan(self.spec)
+        out = getattr(self.spec, "standins", None)
+        lines = plan(self.spec).splitlines()
+        made = [f"first: make the tiny local stand-ins in {out} (a4ray.staging.standins)"] if out else []
+        return "\n".join(lines[:1] + made + lines[1:])
 
     def run(self, conn: Connection, run_dir: RunDir) -> StageResult:
+        make_standins(self.spec)  # as the pipeline's stage step does: a local spec stages on a fresh checkout
         return stage(self.spec, workspace=self.workspace, only=self.only)
 
 
