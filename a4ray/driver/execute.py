@@ -63,6 +63,7 @@ def run(spec: JobSpec, *, job: Job | None = None, address: str | None = None, da
                 record = None  # nothing is written where it would lead
                 raise
             record = record or RunDir.create(workspace, spec.name)
+            record.write_driver()
             say(f"run directory: {record.root}")
             record.write_spec(spec)
             record.write_plan(job.plan(str(workspace)))

@@ -82,9 +82,12 @@ class Run:
     # ------------------------------------------------------------------------------------- state
     def status(self) -> str:
         """PENDING | RUNNING | SUCCEEDED | FAILED | STOPPED while the job API knows the run; afterwards
-        SUCCEEDED | FAILED | STOPPED from its recorded result, or INCOMPLETE where none was recorded
-        (its driver died, or it is still running where this process cannot see it)."""
+        SUCCEEDED | FAILED | STOPPED from its recorded result, or INCOMPLETE where none was recorded and this
+        process cannot tell whether its driver still runs. A run whose driver is gone without a result (the
+        Ray job ended without one, or its process no longer exists) is recorded as lost: FAILED, its result's
+        verdict "DRIVER LOST: ..."."""
         status = self._job_status()
+        self._record_if_lost(status)
         if status is not None:
             return status
         recorded = self._recorded()
@@ -154,6 +157,21 @@ class Run:
         parts = [f"==> {log.relative_to(self.root)} <==\n{log.read_text(errors='replace')}"
                  for log in sorted(self.root.glob("logs/**/node-*.log"))]
         return "\n".join(parts)
+
+    def _record_if_lost(self, job_status: str | None) -> None:
+        if (self.root / "result.json").exists() or job_status in ("PENDING", "RUNNING"):
+            return
+        record = RunDir(self.root)
+        lost = (f"the Ray job {self.id} ended {job_status} and its driver recorded no result: the driver was lost"
+                if job_status is not None else record.driver_lost())
+        if lost:
+            record.write_outcome(self._kind(), f"DRIVER LOST: {lost}")
+
+    def _kind(self) -> str:
+        try:
+            return str(load_job(self.root / "spec.yaml").kind)
+        except A4RayError:
+            return ""
 
     def _recorded(self) -> dict[str, Any] | None:
         path = self.root / "result.json"
