@@ -425,3 +425,45 @@ def test_a_symlink_out_of_the_workspace_is_refused_before_anything_runs(local_cl
     assert error.value.exit_code == 2 and field in str(error.value) and str(outside) in str(error.value)
     assert list(outside.iterdir()) == [], "nothing was written through the link"
     assert link == "runs" or not (workspace / "runs").exists(), "no run directory either"
+
+
+# ------------------------------------------------------------------ credentials in URLs
+
+
+def test_the_dry_run_plan_and_its_result_mask_url_credentials(tripwires, tmp_path, capsys):
+    spec = tmp_path / "in" / "stage.yaml"
+    spec.parent.mkdir()
+    spec.write_text(STAGE + art(name="a", source=USER_URL + "/f.bin", target="a")
+                    + art(name="b", source=SIGNED_URL, target="b")
+                    + art(name="c", source=f"https://h.example.com/f.bin?access_token={TOKEN}&v=2", target="c")
+                    + art(name="d", source=f"git+https://x-access-token:{TOKEN}@github.com/o/r.git@{'a' * 40}",
+                          target="d"))
+    result = tmp_path / "plan.json"
+    assert cli(["stage", "-f", str(spec), "--dry-run", "--result", str(result)]) == 0
+    out = capsys.readouterr().out
+    assert "https://alice:***@files.example.com/models/f.bin" in out
+    assert "X-Goog-Signature=***&X-Goog-Expires=600" in out and "access_token=***&v=2" in out
+    assert "git+https://x-access-token:***@github.com/o/r.git" in out
+    assert a4ray.plan(a4ray.load(spec)) in out  # the API's plan is the same text
+    for secret in SECRETS:
+        assert secret not in out + _written(tmp_path)
+
+
+def test_a_submitted_run_refuses_a_spec_whose_url_holds_credentials():
+    from a4ray.driver.handle import submit
+    from a4ray.runtime.connect import Connection
+
+    spec = a4ray.load(None, f"artifacts[0].source={SIGNED_URL}", kind="qwen3_next")
+    with pytest.raises(A4RayError) as refused:
+        submit(spec, Connection(address="127.0.0.1:1", mode="address", dashboard_url="http://127.0.0.1:1"))
+    assert "credentials" in str(refused.value) and SIG not in str(refused.value)
+
+
+def test_a_signed_url_signed_again_is_the_same_source():
+    from a4ray.spec.artifacts import ArtifactSpec
+
+    first = ArtifactSpec(name="a", source=SIGNED_URL, target="a")
+    again = ArtifactSpec(name="a", source=SIGNED_URL.replace(SIG, "b3RoZXJTaWduYXR1cmU"), target="a")
+    assert first.fingerprint() == again.fingerprint()
+    assert first.fingerprint() != ArtifactSpec(name="a", source=SIGNED_URL.replace("f.bin", "g.bin"),
+                                               target="a").fingerprint()
