@@ -110,16 +110,17 @@ class Gang:
         a static Ray cluster); where an autoscaler (Ray's, KubeRay's) can, or where that is unknown, it waits,
         saying what for."""
         c = self.cluster
-        deadline, said = t0 + c.start_timeout_s, False
+        deadline, said, unfit = t0 + c.start_timeout_s, False, 0
         while not ray.wait([self.pg.ready()], timeout=max(0.0, min(_PLACE_POLL_S, deadline - time.monotonic())))[0]:
-            if not fits_the_nodes(self.spec):
+            unfit = 0 if fits_the_nodes(self.spec) else unfit + 1
+            if unfit:
                 grows, why = cluster_growth()
-                if grows is False:
+                if grows is False and unfit >= 2:  # twice in a row: not a node list caught mid-change
                     message = explain_unplaceable(self.spec, self.name, lead="gang cannot be placed")
                     self.close()
                     raise GangUnplaceable(f"{message}; and {why}", hint="add nodes, or lower cluster.nodes / "
                                           "cluster.gpus_per_node")
-                if not said:
+                if not said and grows is not False:
                     say(f"gang {self.name}: waiting up to cluster.start_timeout_s={c.start_timeout_s:g}s for nodes "
                         f"the cluster does not have yet ({explain_unplaceable(self.spec, self.name, lead='')}): {why}")
                     said = True
