@@ -60,8 +60,13 @@ class Run:
 
     # ------------------------------------------------------------------------------------------ job
     def _client(self) -> JobSubmissionClient:
-        auth.use_token_for(self.job_api)  # as Ray documents: RAY_AUTH_MODE=token, the token from ~/.ray/auth_token
-        return JobSubmissionClient(self.job_api)
+        # As Ray documents (RAY_AUTH_MODE=token, the token from ~/.ray/auth_token), for a job API on this machine
+        # only; the client takes its headers when made, so this process offers the token no longer than that.
+        undo = auth.use_token_for(self.job_api)
+        try:
+            return JobSubmissionClient(self.job_api)
+        finally:
+            undo()
 
     def start(self, entrypoint: str, *, runtime_env: dict | None = None) -> None:
         """Submit the Ray job that runs this run (`a4ray.submit` calls this once)."""

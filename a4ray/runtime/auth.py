@@ -20,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 import ray._private.ray_constants as ray_constants
@@ -63,23 +64,60 @@ def ensure_token() -> str:
     return token
 
 
-def enable_token_auth() -> None:
+Undo = Callable[[], None]
+
+
+def _set_env(name: str, value: str | None) -> Undo:
+    """Set (None: unset) an environment variable of this process; returns what puts it back."""
+    before = os.environ.get(name)
+
+    def undo() -> None:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    return undo
+
+
+def enable_token_auth() -> Undo:
     """Token authentication on for this process and every process it starts (a local cluster's head and nodes,
-    their workers and job drivers). An explicit RAY_AUTH_MODE=disabled is overridden: a4ray's local clusters
-    always authenticate (an open Jobs API is remote code execution for whoever reaches it)."""
+    their workers and job drivers), until the returned undo: after it, this process no longer offers the
+    token to clusters it connects to later (another host's must never get it). An explicit
+    RAY_AUTH_MODE=disabled is overridden: a4ray's local clusters always authenticate (an open Jobs API is
+    remote code execution for whoever reaches it)."""
     ensure_token()
-    if os.environ.get(AUTH_MODE_ENV) != "token":
-        os.environ[AUTH_MODE_ENV] = "token"
-        Config.initialize("")  # Ray caches its config; this process must see token mode too (as ray.init does)
+    if os.environ.get(AUTH_MODE_ENV) == "token":
+        return lambda: None
+    restore = _set_env(AUTH_MODE_ENV, "token")
+    Config.initialize("")  # Ray caches its config; this process must see token mode too (as ray.init does)
+
+    def undo() -> None:
+        restore()
+        Config.initialize("")
+
+    return undo
 
 
-def use_token_for(address: str | None) -> None:
+def use_token_for(address: str | None) -> Undo:
     """Before a4ray connects to `address` as a client: send this user's token where Ray would (a cluster on this
-    machine) if RAY_AUTH_MODE does not say otherwise. Never to another host: the token is this machine's."""
+    machine) if RAY_AUTH_MODE does not say otherwise. Never to another host: the token is this machine's.
+    Returns what undoes it (when the connection closes)."""
+    undo: list[Undo] = []
     if os.environ.get(AUTH_MODE_ENV) is None and (address is None or is_loopback(address)) and _read_token():
-        enable_token_auth()
+        undo.append(enable_token_auth())
     if address is not None and is_loopback(address):
-        loopback_only()
+        undo.append(loopback_only())
+    return lambda: _undo_all(undo)
+
+
+def _undo_all(undo: list[Undo]) -> None:
+    for step in reversed(undo):
+        step()
 
 
 def is_loopback(address: str) -> bool:
@@ -93,10 +131,18 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def loopback_only() -> None:
-    """Ray in this process and every process it starts keeps 127.0.0.1 as it is (single-machine Ray)."""
-    os.environ[_SINGLE_MACHINE_ENV] = "0"
+def loopback_only() -> Undo:
+    """Ray in this process and every process it starts keeps 127.0.0.1 as it is (single-machine Ray), until
+    the returned undo."""
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    restore = _set_env(_SINGLE_MACHINE_ENV, "0")
     ray_constants.ENABLE_RAY_CLUSTER = False  # read when Ray resolves this machine's address
+
+    def undo() -> None:
+        restore()
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+    return undo
 
 
 def submit_hint(dashboard_url: str) -> str:

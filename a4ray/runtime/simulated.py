@@ -132,6 +132,7 @@ class SimulatedCluster:
         self.workers: dict[int, object] = {}  # simulated node index -> ray._private.node.Node
         self._gpu_slices: list[str] | None = None
         self._tmp_root: str | None = None  # each node's own /tmp (see _separate_host_env)
+        self._undo: list[auth.Undo] = []
 
     @property
     def address(self) -> str:
@@ -153,9 +154,8 @@ class SimulatedCluster:
                  f"GPUs; this machine has {len(physical)}: simulated GPUs are logical only")
         # The head's dashboard agent would take the fixed port 52365; another Ray on this machine may
         # hold it, and then job submission finds no agent. Workers already get random ports.
-        auth.enable_token_auth()  # before the head starts: its processes and this one take it from the environment
-        if auth.is_loopback(self.host):
-            auth.loopback_only()
+        # Before the head starts: its processes, and this one, take both from the environment (undone at shutdown).
+        self._undo = [auth.enable_token_auth()] + ([auth.loopback_only()] if auth.is_loopback(self.host) else [])
         where = {} if self.host == "0.0.0.0" else {"node_ip_address": self.host}
         head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard, dashboard_host=self.host,
                     env_vars={LOCAL_ROOT_ENV: self.root, **_python_first()},
@@ -253,3 +253,5 @@ class SimulatedCluster:
         if self._tmp_root is not None:
             shutil.rmtree(self._tmp_root, ignore_errors=True)
             self._tmp_root = None
+        while self._undo:
+            self._undo.pop()()
