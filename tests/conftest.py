@@ -27,11 +27,14 @@ from a4ray.spec import load_job
 REPO = Path(__file__).resolve().parents[1]
 SESSION_NODES = 3
 SESSION_GPUS = 2
+# A secret in the session nodes' environment, as kuberay.secrets puts one on A4 (specs never hold one).
+NODE_SECRET = "a4ray-nodeSECRET-0123456789abcdef"
 
 
 @pytest.fixture(scope="session")
 def _session_cluster():
-    cluster = SimulatedCluster(SESSION_NODES, SESSION_GPUS)
+    cluster = SimulatedCluster(SESSION_NODES, SESSION_GPUS,
+                               node_env={i: {"A4RAY_TEST_API_KEY": NODE_SECRET} for i in range(SESSION_NODES)})
     cluster.start()
     yield cluster
     if ray.is_initialized():
@@ -84,7 +87,8 @@ def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """Env for a subprocess that must start its own embedded cluster (no RAY_ADDRESS, own RAY_TMPDIR)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))  # short: Ray's socket paths have a limit
-    env.update(RAY_TMPDIR=str(ray_tmp), PYTHONPATH=str(REPO), **extra)
+    # RAY_AUTH_MODE=token: what `a4ray local up` tells the same user to submit with (the token is in its file).
+    env.update(RAY_TMPDIR=str(ray_tmp), PYTHONPATH=str(REPO), RAY_AUTH_MODE="token", **extra)
     return env
 
 

@@ -12,18 +12,18 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
-from conftest import job
+from conftest import NODE_SECRET, job
 
-from a4ray.core.errors import GangFailed, GangStartTimeout, GangTimeout, GibMissing
+from a4ray.core.errors import GangFailed, GangStartTimeout, GangTimeout, GangUnplaceable, GibMissing
 from a4ray.driver.execute import run
-from a4ray.runtime.gang import Gang
+from a4ray.runtime import gang as gang_module
+from a4ray.runtime.gang import Gang, cluster_growth
 from a4ray.runtime.process import LAUNCH_ID_VAR
 from a4ray.spec.cluster import GKE_HOST_LABEL
 from a4ray.workloads.generic import Command
 
 pytestmark = pytest.mark.slow
 
-SENTINEL = "hf_gangSENTINEL_0123456789abcdef"
 
 
 def launch_leftovers(launch_id: str) -> list[psutil.Process]:
@@ -94,23 +94,50 @@ def test_rank_order_and_master_follow_topology_labels(local_cluster):
         gang.close()
 
 
-def test_infeasible_gang_fails_within_its_timeout_with_a_clear_message(local_cluster):
-    spec = job("command", "cluster.nodes=5", "cluster.gpus_per_node=2", "cluster.start_timeout_s=2",
-               "command.argv=[true]")
-    with pytest.raises(GangStartTimeout) as e:
+def test_a_gang_that_can_never_be_placed_fails_at_once_where_nothing_can_add_nodes(local_cluster):
+    # start_timeout_s=120: before, it waited all of it; a cluster of simulated nodes cannot grow.
+    spec = job("command", "cluster.nodes=5", "cluster.gpus_per_node=2", "command.argv=[true]")
+    t0 = time.monotonic()
+    with pytest.raises(GangUnplaceable) as e:
         Gang(spec, log_dir="/tmp").start()
+    assert time.monotonic() - t0 < 15
     text = str(e.value)
     assert "needs 5 node(s) with resource 'a4-highgpu-8g' and 2 GPU(s) each" in text
-    assert "the cluster has 3 such node(s)" in text and "start_timeout_s=2" in text
-    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=4", "cluster.start_timeout_s=2",
-               "command.argv=[true]")
-    with pytest.raises(GangStartTimeout) as e:
+    assert "the cluster has 3 such node(s)" in text and "nothing can add nodes" in text
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=4", "command.argv=[true]")
+    with pytest.raises(GangUnplaceable) as e:
         Gang(spec, log_dir="/tmp").start()
     assert "0 with enough GPUs" in str(e.value)
     # The failed gangs released what they had: a feasible gang still places.
     gang = Gang(job("command", "cluster.nodes=3", "cluster.gpus_per_node=2", "command.argv=[true]"), log_dir="/tmp")
     gang.start()
     gang.close()
+
+
+def test_where_an_autoscaler_can_add_nodes_the_gang_waits_its_timeout_saying_for_what(local_cluster, monkeypatch,
+                                                                                      capsys):
+    monkeypatch.setattr(gang_module, "cluster_growth", lambda: (True, "Ray's autoscaler can add nodes"))
+    spec = job("command", "cluster.nodes=5", "cluster.gpus_per_node=2", "cluster.start_timeout_s=3",
+               "command.argv=[true]")
+    t0 = time.monotonic()
+    with pytest.raises(GangStartTimeout) as e:
+        Gang(spec, log_dir="/tmp").start()
+    assert time.monotonic() - t0 >= 3 and not isinstance(e.value, GangUnplaceable)
+    assert "start_timeout_s=3" in str(e.value)
+    out = capsys.readouterr().out
+    assert "waiting up to cluster.start_timeout_s=3s for nodes the cluster does not have yet" in out
+    assert "Ray's autoscaler can add nodes" in out
+
+
+def test_a_static_ray_cluster_is_told_from_one_that_autoscales(local_cluster, monkeypatch):
+    """Read from the GCS as Ray writes it: the session cluster's head runs only the read-only monitor."""
+    assert cluster_growth()[0] is False  # its nodes are simulated
+    real = [dict(n, Labels={}) for n in ray.nodes()]
+    monkeypatch.setattr(ray, "nodes", lambda: real)  # as if its nodes were real machines
+    deadline = time.monotonic() + 30
+    while (answer := cluster_growth())[0] is None and time.monotonic() < deadline:
+        time.sleep(1)  # the monitor reports every few seconds after the head starts
+    assert answer == (False, "the cluster has no autoscaler (a static Ray cluster: nothing adds nodes)")
 
 
 @pytest.mark.parametrize("launcher, node_code", [("a4ray", 3), ("torchrun", 1)])
@@ -164,16 +191,17 @@ def test_timeout_stops_every_node(local_cluster, tmp_path):
 
 
 def test_success_streams_lines_and_masks_secrets(local_cluster, tmp_path, capfd):
-    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", f"network.env.HF_TOKEN={SENTINEL}",
-               "command.argv=[bash, -c, 'echo node=$NODE_RANK of $NNODES master=$MASTER_ADDR token=$HF_TOKEN']",
+    # The secret is in the nodes' environment (kuberay.secrets on A4): a spec refuses one.
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1",
+               "command.argv=[bash, -c, 'echo node=$NODE_RANK of $NNODES master=$MASTER_ADDR token=$A4RAY_TEST_API_KEY']",
                workspace=tmp_path)
     result, gang = run_gang(spec)
     assert result.ok and [n.status for n in result.nodes] == ["succeeded", "succeeded"]
     out = capfd.readouterr().out
     assert "[n0] node=0 of 2 master=" in out and "[n1] node=1 of 2" in out
-    assert "token=***" in out and "HF_TOKEN=***  [user]" in out
+    assert "token=***" in out
     logs = "".join(p.read_text() for p in Path(result.log_dir).glob("*.log"))
-    assert SENTINEL not in out + logs + result.model_dump_json()
+    assert NODE_SECRET not in out + logs + result.model_dump_json()
 
 
 def test_gib_env_on_nodes_and_node_loss(fresh_cluster, tmp_path):

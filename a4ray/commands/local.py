@@ -1,8 +1,9 @@
 """`a4ray local up`: a local Ray cluster of simulated A4 nodes that stays up until Ctrl-C.
 
-Jobs can then be submitted to it like to a real cluster:
+It runs with Ray token authentication, bound to 127.0.0.1 (--host to open it to other machines). Jobs can
+then be submitted to it like to a real cluster, by the same user (the token is in ~/.ray/auth_token):
     a4ray local up --nodes 2 --gpus-per-node 2
-    RAY_ADDRESS=http://127.0.0.1:8265 ray job submit --working-dir . -- python -m a4ray.ddp_test
+    RAY_AUTH_MODE=token RAY_ADDRESS=http://127.0.0.1:8265 ray job submit --working-dir . -- python -m a4ray.ddp_test
     python -c "import a4ray; a4ray.connect('ray://127.0.0.1:10001')"   # or a notebook, through Ray Client
 """
 
@@ -13,6 +14,7 @@ import signal
 import threading
 
 from a4ray.core.console import say
+from a4ray.runtime import auth
 from a4ray.runtime.simulated import SimulatedCluster
 
 
@@ -25,13 +27,15 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--machine-type", default="a4-highgpu-8g")
     up.add_argument("--dashboard-port", type=int, default=8265)
     up.add_argument("--client-port", type=int, default=10001, help="Ray Client port (ray://127.0.0.1:PORT); 0: none")
+    up.add_argument("--host", default=auth.LOOPBACK, help="address the head binds and advertises (default: "
+                    "%(default)s, this machine only; this machine's IP opens it to others, token-authenticated)")
     up.set_defaults(func=_up)
 
 
 def _up(args: argparse.Namespace) -> int:
     cluster = SimulatedCluster(args.nodes, args.gpus_per_node, machine_type=args.machine_type,
                                dashboard=True, dashboard_port=args.dashboard_port,
-                               client_port=args.client_port or None)
+                               client_port=args.client_port or None, host=args.host)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -39,10 +43,11 @@ def _up(args: argparse.Namespace) -> int:
         cluster.start()
         say(cluster.describe())
         say(f"dashboard: http://{cluster.dashboard_url}" if cluster.dashboard_url else "dashboard: off")
-        say(f"submit jobs with: RAY_ADDRESS=http://127.0.0.1:{args.dashboard_port} ray job submit "
-            "--working-dir . -- python -m a4ray.ddp_test")
+        host = "127.0.0.1" if args.host == "0.0.0.0" else args.host
+        say(f"Ray token authentication is on; the token is in {auth.token_file()} (this user's; never printed)")
+        say(f"submit jobs with: {auth.submit_hint(f'http://{host}:{args.dashboard_port}')}python -m a4ray.ddp_test")
         if args.client_port:
-            say(f"or from Python / a notebook: a4ray.connect('ray://127.0.0.1:{args.client_port}')")
+            say(f"or from Python / a notebook: a4ray.connect('ray://{host}:{args.client_port}')")
         say("a4ray local up: ready (Ctrl-C to stop)")
         stop.wait()
     finally:

@@ -31,4 +31,4 @@ def table(title: str, columns: list[str], rows: list[list[object]]) -> str:
         t.add_row(*("" if v is None else str(v) for v in row))
     buffer = io.StringIO()
     Console(file=buffer, width=160, color_system=None, force_terminal=False).print(t)
-    return buffer.getvalue().rstrip()
+    return redact(buffer.getvalue().rstrip())

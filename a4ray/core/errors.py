@@ -54,6 +54,11 @@ class GangStartTimeout(A4RayError):
     """The placement group for the gang was not placed within cluster.start_timeout_s."""
 
 
+class GangUnplaceable(GangStartTimeout):
+    """No node set the cluster has can hold the gang, and nothing can add nodes: said at once, not after
+    cluster.start_timeout_s."""
+
+
 class GibMissing(A4RayError):
     """network.gib is `on` but a node lacks set_nccl_env.sh (or sourcing it failed)."""
 

@@ -3,14 +3,20 @@ logs (each step of a pipeline in its own `logs/<step>/`), and `result.json`: the
 run ended without one (cancelled, refused). Everything is written through here, redacted.
 
 It lives on shared storage, so it outlives the Ray cluster: `<workspace>/runs/<job>-<time>-<id>/`.
+`driver.json` names the process that fills it; a reader that finds no result and that process gone (SIGKILLed,
+evicted, its node lost) records so in `result.json` ("DRIVER LOST: ...").
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import socket
 import time
 from pathlib import Path
+
+import psutil
 
 from pydantic import BaseModel
 
@@ -59,6 +65,31 @@ class RunDir:
 
     def write_result(self, result: BaseModel) -> Path:
         return self.write("result.json", result)
+
+    def write_driver(self) -> None:
+        """Name this process as the run's driver (a reader then tells a run in progress from one whose driver died)."""
+        self.write("driver.json", {"pid": os.getpid(), "host": socket.gethostname(),
+                                   "started": psutil.Process().create_time()})
+
+    def driver_lost(self) -> str | None:
+        """Why the run will never record a result, if its driver is gone: it recorded none, and its process
+        (on this host) no longer exists. None while it may still be running, or where this cannot be told."""
+        if (self.root / "result.json").exists():
+            return None
+        try:
+            driver = json.loads((self.root / "driver.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if driver.get("host") != socket.gethostname():
+            return None
+        try:
+            if psutil.Process(driver["pid"]).create_time() == driver["started"]:
+                return None
+        except psutil.Error:
+            pass
+        return (f"its driver (pid {driver['pid']} on {driver['host']}) is gone without recording a result: killed "
+                "(SIGKILL, evicted, out of memory) or its node was lost; Ray stopped its node actors and their "
+                "process trees")
 
     def write_outcome(self, kind: str, verdict: str) -> None:
         """How the run ended without a typed result (cancelled, refused), unless it recorded one."""

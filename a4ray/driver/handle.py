@@ -24,9 +24,11 @@ from ray.job_submission import JobSubmissionClient
 
 from a4ray.core.console import say
 from a4ray.core.errors import A4RayError
+from a4ray.core.redact import has_url_credentials
 from a4ray.core.results import Result, dataframe, load_result
 from a4ray.core.rundir import RunDir
 from a4ray.driver import kinds  # noqa: F401 - defines every job's result class, so load_result reads it
+from a4ray.runtime import auth
 from a4ray.runtime.connect import Connection
 from a4ray.spec.job import JobSpec
 from a4ray.spec.loader import load_job
@@ -58,7 +60,13 @@ class Run:
 
     # ------------------------------------------------------------------------------------------ job
     def _client(self) -> JobSubmissionClient:
-        return JobSubmissionClient(self.job_api)
+        # As Ray documents (RAY_AUTH_MODE=token, the token from ~/.ray/auth_token), for a job API on this machine
+        # only; the client takes its headers when made, so this process offers the token no longer than that.
+        undo = auth.use_token_for(self.job_api)
+        try:
+            return JobSubmissionClient(self.job_api)
+        finally:
+            undo()
 
     def start(self, entrypoint: str, *, runtime_env: dict | None = None) -> None:
         """Submit the Ray job that runs this run (`a4ray.submit` calls this once)."""
@@ -79,9 +87,12 @@ class Run:
     # ------------------------------------------------------------------------------------- state
     def status(self) -> str:
         """PENDING | RUNNING | SUCCEEDED | FAILED | STOPPED while the job API knows the run; afterwards
-        SUCCEEDED | FAILED | STOPPED from its recorded result, or INCOMPLETE where none was recorded
-        (its driver died, or it is still running where this process cannot see it)."""
+        SUCCEEDED | FAILED | STOPPED from its recorded result, or INCOMPLETE where none was recorded and this
+        process cannot tell whether its driver still runs. A run whose driver is gone without a result (the
+        Ray job ended without one, or its process no longer exists) is recorded as lost: FAILED, its result's
+        verdict "DRIVER LOST: ..."."""
         status = self._job_status()
+        self._record_if_lost(status)
         if status is not None:
             return status
         recorded = self._recorded()
@@ -152,6 +163,21 @@ class Run:
                  for log in sorted(self.root.glob("logs/**/node-*.log"))]
         return "\n".join(parts)
 
+    def _record_if_lost(self, job_status: str | None) -> None:
+        if (self.root / "result.json").exists() or job_status in ("PENDING", "RUNNING"):
+            return
+        record = RunDir(self.root)
+        lost = (f"the Ray job {self.id} ended {job_status} and its driver recorded no result: the driver was lost"
+                if job_status is not None else record.driver_lost())
+        if lost:
+            record.write_outcome(self._kind(), f"DRIVER LOST: {lost}")
+
+    def _kind(self) -> str:
+        try:
+            return str(load_job(self.root / "spec.yaml").kind)
+        except A4RayError:
+            return ""
+
     def _recorded(self) -> dict[str, Any] | None:
         path = self.root / "result.json"
         return json.loads(path.read_text()) if path.is_file() else None
@@ -205,6 +231,12 @@ def submit(spec: JobSpec, conn: Connection, *, runtime_env: dict | None = None) 
                          "--include-dashboard=true`), or run here with a4ray.run(spec)")
     if spec.kind == "stage":
         raise A4RayError("a stage spec runs as Ray tasks from this process", hint="a4ray.run(spec)")
+    if has_url_credentials(spec.to_yaml()):
+        # The job's driver reads the spec from the run directory, which is a record: redacted, never a credential.
+        raise A4RayError("the spec holds a URL with credentials (a password or signature), and a submitted run "
+                         "reads its spec from its run directory, which never records one",
+                         hint="run it from this process (a4ray.run(spec)), or give the nodes the credential "
+                         "(staging.token_file, kuberay.secrets) instead of the URL")
     workspace = conn.workspace(spec.storage)
     if conn.simulated:  # the driver finds the local workspace where this process does, wherever it runs
         spec = spec.set("storage.local_workspace", str(workspace))

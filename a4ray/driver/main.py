@@ -29,8 +29,8 @@ from a4ray.driver.kinds import Job, job_for
 from a4ray.pipeline import rehearsal
 from a4ray.runtime import connect as connection
 from a4ray.spec.job import JOB_KINDS, JobSpec
-from a4ray.spec.loader import load_job
-from a4ray.spec.overrides import parse_yaml
+from a4ray.spec.loader import check_kind, load_job
+from a4ray.spec.overrides import read_yaml_file
 from a4ray.spec.recipes import STEPS, RecipeJob
 from a4ray.staging.stager import Staging
 from a4ray.workloads.doctor import Doctor
@@ -123,7 +123,7 @@ def main(name: str, argv: list[str] | None = None, *, description: str | None = 
 def run_command(command: Command, args: argparse.Namespace) -> int:
     """Run one job command with parsed `args`; returns the exit code."""
     sets = _overrides(command, args)
-    kind, job, rehearsing = command.kind, None, False
+    kind, job, rehearsing, conn = command.kind, None, False, None
     try:
         config = args.config
         if kind is None:
@@ -131,26 +131,31 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
             if kind is None:
                 raise A4RayError("-f/--config SPEC is required", hint="e.g. `a4ray run -f jobs/ddp_test.yaml`")
         rehearsable = JOB_KINDS[kind].rehearses_locally if kind in JOB_KINDS else False
-        if config is None and not args.dry_run and rehearsable and connection.will_embed(args.address):
-            config, rehearsing = _rehearsal_profile(kind), True
+        if config is None and not args.dry_run and rehearsable:
+            config, rehearsing, conn = _rehearsal(kind, args.address)
         spec = load_job(config, sets, kind=kind)
         job = command.job(spec, args) if command.job else job_for(spec)
         if args.dry_run:
             plan = execute.plan(spec, job)
-            print(execute.render(plan), flush=True)
+            print(execute.render(plan), flush=True)  # redacted there
             _write_result(args.result, plan.model_dump_json(indent=2) if not isinstance(plan, str) else None)
             return 0
-        result = execute.run(spec, job=job, address=args.address, dashboard=args.dashboard, run_dir=args.run_dir)
+        run_conn, conn = conn, None  # execute.run closes it from here on
+        result = execute.run(spec, job=job, address=args.address, dashboard=args.dashboard, run_dir=args.run_dir,
+                             conn=run_conn)
     except A4RayError as error:
         return error_exit(error, kind, args.result)
     except KeyboardInterrupt:
         print(f"a4ray: cancelled{job.cancel_note if job else ''}", file=sys.stderr, flush=True)
         return 130
+    finally:
+        if conn is not None:  # opened to decide whether to rehearse, and not handed on
+            conn.close()
     if result.table():
-        print(result.table(), flush=True)
+        print(redact(result.table()), flush=True)
     say(result.verdict)
     if rehearsing and result.ok:
-        print(rehearsal.a4_summary(kind, sets, result), flush=True)
+        print(redact(rehearsal.a4_summary(kind, sets, result)), flush=True)
     _write_result(args.result, result.model_dump_json(indent=2))
     return result.exit_code
 
@@ -169,23 +174,41 @@ def _overrides(command: Command, args: argparse.Namespace) -> list[str]:
 
 def _kind_of(config: str) -> str:
     """The `kind:` a spec file names (loading it validates it, naming the file)."""
-    path = Path(config)
-    data = parse_yaml(path.read_text(), config) if path.is_file() else None
+    data = read_yaml_file(Path(config), config)
     kind = data.get("kind") if isinstance(data, dict) else None
-    if not kind:  # a missing file, or no kind: the loader says which
+    if not kind:  # not a mapping, or no kind: the loader says which
         return load_job(config).kind
+    check_kind(kind, config)
     return kind
 
 
-def _rehearsal_profile(kind: str) -> Path:
+def _rehearsal(kind: str, address: str | None) -> tuple[Path | None, bool, connection.Connection | None]:
+    """A recipe's command with no --config: its A4 defaults on a cluster of A4 nodes; its local rehearsal profile
+    where there is no cluster to join (an embedded one is started) or the cluster's nodes are simulated (`a4ray
+    local up`, which has neither A4's GPUs nor its storage). Returns (profile or None, rehearsing, the
+    connection opened to find out, for the run to use)."""
+    if connection.will_embed(address):
+        return _rehearsal_profile(kind, "no Ray cluster to join (no --address, RAY_ADDRESS or local cluster): "
+                                  "rehearsing on an embedded local cluster"), True, None
+    conn = connection.connect(address)
+    if not conn.simulated:
+        return None, False, conn
+    try:
+        return _rehearsal_profile(kind, f"the Ray cluster at {conn.address} is simulated A4 nodes: rehearsing on "
+                                  "it"), True, conn
+    except A4RayError:
+        conn.close()
+        raise
+
+
+def _rehearsal_profile(kind: str, why: str) -> Path:
     profile = rehearsal.local_profile(kind)
     if profile is None:
-        raise A4RayError(f"no Ray cluster to join (no --address, RAY_ADDRESS or local cluster) and {kind} has no "
-                         f"local rehearsal profile ({rehearsal.shown(rehearsal.JOBS_DIR / f'{kind}_local.yaml')})",
-                         hint=f"run it on a cluster (`ray job submit -- python -m a4ray.{kind}`), see its plan with "
-                         "--dry-run, or pass --config FILE")
-    say(f"no Ray cluster to join (no --address, RAY_ADDRESS or local cluster): rehearsing on an embedded local "
-        f"cluster with the local profile {rehearsal.shown(profile)}; on A4: `ray job submit -- python -m "
+        raise A4RayError(f"{why.partition(':')[0]}, and {kind} has no local rehearsal profile "
+                         f"({rehearsal.shown(rehearsal.JOBS_DIR / f'{kind}_local.yaml')})",
+                         hint=f"run it on a cluster of A4 nodes (`ray job submit -- python -m a4ray.{kind}`), see "
+                         "its plan with --dry-run, or pass --config FILE")
+    say(f"{why} with the local profile {rehearsal.shown(profile)}; on A4: `ray job submit -- python -m "
         f"a4ray.{kind}` (the recipe's defaults)")
     return profile
 
@@ -196,7 +219,7 @@ def error_exit(error: A4RayError, kind: str | None = None, result_path: str | No
     partial = getattr(error, "result", None)
     partial = partial if isinstance(partial, Result) else None
     if partial is not None and partial.table():
-        print(partial.table(), flush=True)
+        print(redact(partial.table()), flush=True)
     print(f"a4ray: error: {error}", file=sys.stderr, flush=True)
     if partial is not None:
         say(partial.verdict)

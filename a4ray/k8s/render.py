@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from a4ray.core.errors import SpecError
-from a4ray.core.redact import is_secret_name
+from a4ray.core.redact import has_url_credentials, is_secret_value, redact_urls, secret_in_spec
 from a4ray.k8s import storage as st
 from a4ray.k8s.validate import (
     GROUP,
@@ -137,15 +137,15 @@ def _spec_problems(spec: JobSpec, name: str, *, job: bool, cluster: str | None, 
     if not re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", name):
         problems.append(f"name: {name!r} is not a DNS-1035 label (lowercase letters, digits and '-', starting "
                         "with a letter), as KubeRay requires")
-    for section, env in (("network.env", spec.network.env), ("network.gib_overrides", spec.network.gib_overrides)):
-        for key, value in env.items():
-            if is_secret_name(key) and value:
-                problems.append(f"{section}.{key}: a secret value in the spec would reach the manifest and job "
-                                f"logs; take it from a Kubernetes Secret with kuberay.secrets")
+    # A secret in the spec's env is refused when the spec loads (the one policy: core.redact.secret_in_spec); the
+    # command line is the RayJob's own text, so the same rule is applied to it here.
     for arg in entrypoint:
         key, eq, value = arg.partition("=")
-        if eq and value and is_secret_name(key.rsplit(".", 1)[-1]):
-            problems.append(f"entrypoint: {key}=... puts a secret in the RayJob; use kuberay.secrets instead")
+        if eq and is_secret_value(key.rsplit(".", 1)[-1], value):
+            problems.append(secret_in_spec(f"entrypoint: {key}=..."))
+        elif has_url_credentials(arg):
+            problems.append(f"entrypoint: {redact_urls(arg)} puts a URL's credentials in the RayJob; give the "
+                            "nodes the credential instead (kuberay.secrets, staging.token_file)")
     if k.kueue.queue and cluster:
         problems.append("kuberay.kueue.queue: Kueue cannot admit a RayJob that runs on an existing cluster "
                         f"(--cluster {cluster}); drop --cluster or unset the queue")

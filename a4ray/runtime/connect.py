@@ -18,6 +18,7 @@ import ray
 
 from a4ray.core.console import say, warn
 from a4ray.core.errors import ConnectError
+from a4ray.runtime import auth
 from a4ray.runtime.simulated import LOCAL_ROOT_ENV, SIMULATED_LABEL, SimulatedCluster
 from a4ray.spec.cluster import ClusterSpec, StorageSpec
 
@@ -36,6 +37,7 @@ class Connection:
     local: SimulatedCluster | None = None
     dashboard_url: str | None = None  # http://host:port of the dashboard and its job API, if it has one
     _owns_ray: bool = False
+    _undo: auth.Undo | None = None  # what this connection set for Ray's token auth, undone on close
 
     @property
     def client(self) -> bool:
@@ -61,6 +63,9 @@ class Connection:
     def close(self) -> None:
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+        if self._undo is not None:  # before the embedded cluster's own: undone in the reverse order of setting
+            self._undo()
+            self._undo = None
         if self.local is not None:
             self.local.shutdown()
             self.local = None
@@ -72,14 +77,20 @@ class Connection:
         self.close()
 
 
-def _init(address: str) -> str | None:
-    """Connect this process; returns the dashboard's URL (None without a dashboard)."""
-    if address.startswith("ray://"):  # Ray Client takes the namespace; the rest is the server's business
-        context = _init_client(address)
-    else:
-        context = ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING,
-                           log_to_driver=True, configure_logging=True)
-    return _http(context.dashboard_url)
+def _init(address: str) -> tuple[str | None, auth.Undo]:
+    """Connect this process; returns the dashboard's URL (None without a dashboard) and what undoes the token
+    settings made for it."""
+    undo = auth.use_token_for(address)  # a local cluster of a4ray's wants this user's token; no other host gets it
+    try:
+        if address.startswith("ray://"):  # Ray Client takes the namespace; the rest is the server's business
+            context = _init_client(address)
+        else:
+            context = ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING,
+                               log_to_driver=True, configure_logging=True)
+    except BaseException:
+        undo()
+        raise
+    return _http(context.dashboard_url), undo
 
 
 def _init_client(address: str):
@@ -161,27 +172,27 @@ def connect(address: str | None = None, *, cluster: ClusterSpec | None = None, d
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         try:
-            dashboard_url = _init(address)
+            dashboard_url, undo = _init(address)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise ConnectError(f"cannot reach the Ray cluster at {address} (from {source}): {e}",
                                hint="check the address and that the head is up, or unset it to use an "
                                "embedded local cluster") from None
         say(f"cluster: Ray cluster at {address} (from {source}; {_summary()})")
-        return Connection(address=address, mode="address", dashboard_url=dashboard_url, _owns_ray=True)
+        return Connection(address=address, mode="address", dashboard_url=dashboard_url, _owns_ray=True, _undo=undo)
     running = _running_local_address()
     if running:
-        dashboard_url = _init(running)
+        dashboard_url, undo = _init(running)
         say(f"cluster: the Ray cluster already running on this machine at {running} ({_summary()})")
-        return Connection(address=running, mode="running", dashboard_url=dashboard_url, _owns_ray=True)
+        return Connection(address=running, mode="running", dashboard_url=dashboard_url, _owns_ray=True, _undo=undo)
     local = SimulatedCluster(cluster.nodes, cluster.gpus_per_node,
                              machine_type=cluster.machine_type, topology=cluster.topology,
                              dashboard=dashboard)
     try:
         local.start()
-        dashboard_url = _init(local.address)
+        dashboard_url, undo = _init(local.address)
     except BaseException:
         local.shutdown()
         raise
     say(f"cluster: {local.describe()}")
     return Connection(address=local.address, mode="embedded", local=local, dashboard_url=dashboard_url,
-                      _owns_ray=True)
+                      _owns_ray=True, _undo=undo)

@@ -17,19 +17,32 @@ Lifecycle (one owner, as in Ray Train's worker group):
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import ray
+from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
+from ray._raylet import GcsClient
+from ray.core.generated.autoscaler_pb2 import GetClusterStatusReply
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from a4ray.core.console import say
-from a4ray.core.errors import A4RayError, Cancelled, GangFailed, GangHang, GangStartTimeout, GangTimeout
+from a4ray.core.errors import (
+    A4RayError,
+    Cancelled,
+    GangFailed,
+    GangHang,
+    GangStartTimeout,
+    GangTimeout,
+    GangUnplaceable,
+)
 from a4ray.runtime.launch import GangResult, Launch, NodeContext, NodeResult, Peer
 from a4ray.runtime.node_actor import LaunchRequest, NodeActor, NodeRun
+from a4ray.runtime.simulated import SIMULATED_LABEL
 from a4ray.runtime.supervisor import LAST_LINES, LineObserver, Outcome, Supervisor
 from a4ray.runtime.topology import NodeFacts, rank_order
 from a4ray.spec.job import JobSpec
@@ -38,6 +51,8 @@ from a4ray.spec.job import JobSpec
 # disassembled for a name-collision check, ~0.06 s of driver CPU) the first time each class object is used
 # in a job; a fresh ray.remote(NodeActor) per gang repeated that on every launch.
 _REMOTE_NODE_ACTOR = ray.remote(NodeActor)
+_PLACE_POLL_S = 2.0  # how often a waiting gang asks whether the cluster could ever hold it
+_STATUS_STALE_S = 60.0  # an autoscaler status older than this is no autoscaler's
 
 
 class Gang:
@@ -67,14 +82,7 @@ class Gang:
         c = self.cluster
         bundle = {"CPU": c.cpus_per_node, "GPU": c.gpus_per_node, c.node_resource: 1}
         self.pg = placement_group([dict(bundle)] * c.nodes, strategy="STRICT_SPREAD", name=self.name)
-        ready, _ = ray.wait([self.pg.ready()], timeout=c.start_timeout_s)
-        if not ready:
-            message = explain_unplaceable(self.spec, self.name)
-            self.close()
-            raise GangStartTimeout(
-                message, hint="add nodes, lower cluster.nodes / cluster.gpus_per_node, or raise "
-                "cluster.start_timeout_s if nodes are still being added",
-            )
+        self._wait_placed(t0)
         actors = [
             _REMOTE_NODE_ACTOR.options(
                 num_cpus=c.cpus_per_node, num_gpus=c.gpus_per_node, resources={c.node_resource: 1},
@@ -95,6 +103,34 @@ class Gang:
         for rank, node in enumerate(self.nodes):
             say(f"  node {rank}: {node.describe(c.topology)} gpus={','.join(node.gpu_ids) or '-'}")
         return self.nodes
+
+    def _wait_placed(self, t0: float) -> None:
+        """Wait for the placement group, at most cluster.start_timeout_s. A gang the cluster's nodes can never
+        hold fails at once where nothing can add nodes (no autoscaler: an embedded or `a4ray local up` cluster,
+        a static Ray cluster); where an autoscaler (Ray's, KubeRay's) can, or where that is unknown, it waits,
+        saying what for."""
+        c = self.cluster
+        deadline, said, unfit = t0 + c.start_timeout_s, False, 0
+        while not ray.wait([self.pg.ready()], timeout=max(0.0, min(_PLACE_POLL_S, deadline - time.monotonic())))[0]:
+            unfit = 0 if fits_the_nodes(self.spec) else unfit + 1
+            if unfit:
+                grows, why = cluster_growth()
+                if grows is False and unfit >= 2:  # twice in a row: not a node list caught mid-change
+                    message = explain_unplaceable(self.spec, self.name, lead="gang cannot be placed")
+                    self.close()
+                    raise GangUnplaceable(f"{message}; and {why}", hint="add nodes, or lower cluster.nodes / "
+                                          "cluster.gpus_per_node")
+                if not said and grows is not False:
+                    say(f"gang {self.name}: waiting up to cluster.start_timeout_s={c.start_timeout_s:g}s for nodes "
+                        f"the cluster does not have yet ({explain_unplaceable(self.spec, self.name, lead='')}): {why}")
+                    said = True
+            if time.monotonic() >= deadline:
+                message = explain_unplaceable(self.spec, self.name)
+                self.close()
+                raise GangStartTimeout(
+                    message, hint="add nodes, lower cluster.nodes / cluster.gpus_per_node, or raise "
+                    "cluster.start_timeout_s if nodes are still being added",
+                )
 
     def context(self, rank: int, members: list[int] | None = None, *, master_port: int | None = None,
                 log_dir: str | None = None, launch_id: str | None = None) -> NodeContext:
@@ -267,7 +303,42 @@ class Gang:
         self.close()
 
 
-def explain_unplaceable(spec: JobSpec, pg_name: str) -> str:
+def fits_the_nodes(spec: JobSpec) -> bool:
+    """Whether the cluster's alive nodes could hold the gang if nothing else ran (else only new nodes can)."""
+    c = spec.cluster
+    whole = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get(c.node_resource, 0) >= 1
+             and n["Resources"].get("GPU", 0) >= c.gpus_per_node and n["Resources"].get("CPU", 0) >= c.cpus_per_node]
+    return len(whole) >= c.nodes
+
+
+def cluster_growth() -> tuple[bool | None, str]:
+    """Can anything add nodes to this cluster? (True | False | None: unknown, why), as Ray exposes it: nodes of
+    a4ray's simulated clusters never autoscale; Ray's autoscaler v2 (KubeRay's) reports its state to the GCS;
+    v1 writes its status to the GCS's KV, where a cluster with no autoscaling config (`ray start`, KubeRay with
+    enableInTreeAutoscaling off) shows only the read-only monitor, whose node types are the nodes it has."""
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    if alive and all(n.get("Labels", {}).get(SIMULATED_LABEL) == "true" for n in alive):
+        return False, "nothing can add nodes to a cluster of simulated nodes (embedded or `a4ray local up`)"
+    try:
+        gcs = GcsClient(address=ray.get_runtime_context().gcs_address)
+        reply = GetClusterStatusReply()
+        reply.ParseFromString(gcs.get_cluster_status(timeout_s=5))
+        if reply.autoscaling_state.autoscaler_state_version:
+            return True, "Ray's autoscaler can add nodes"
+        raw = gcs.internal_kv_get(DEBUG_AUTOSCALING_STATUS.encode(), None)
+    except Exception as e:  # noqa: BLE001 - an older or unusual GCS: say so and keep waiting
+        return None, f"whether an autoscaler can add nodes is unknown ({type(e).__name__}: {e})"
+    status = json.loads(raw) if raw else {}
+    report = status.get("autoscaler_report") or {}
+    types = set((report.get("node_type_mapping") or {}).values())
+    if not report or time.time() - status.get("time", 0) > _STATUS_STALE_S:
+        return None, "whether an autoscaler can add nodes is unknown (no current autoscaler status in the GCS)"
+    if types and all(t.startswith("node_") for t in types):
+        return False, "the cluster has no autoscaler (a static Ray cluster: nothing adds nodes)"
+    return True, f"Ray's autoscaler can add nodes (node types: {', '.join(sorted(types)) or 'configured'})"
+
+
+def explain_unplaceable(spec: JobSpec, pg_name: str, lead: str | None = None) -> str:
     """Why the gang could not be placed: what it needs against what the cluster has."""
     c = spec.cluster
     need = (f"the gang needs {c.nodes} node(s) with resource '{c.node_resource}' and {c.gpus_per_node} "
@@ -283,5 +354,5 @@ def explain_unplaceable(spec: JobSpec, pg_name: str) -> str:
               if pg.get("name", "").startswith("a4ray-") and pg.get("name") != pg_name
               and pg.get("state") == "CREATED"]
     busy = f"; {len(others)} other a4ray gang(s) hold nodes now" if others else ""
-    return (f"gang not placed within cluster.start_timeout_s={c.start_timeout_s:g}s: {need}; "
-            f"{have} of {len(alive)} alive node(s){busy}")
+    lead = f"gang not placed within cluster.start_timeout_s={c.start_timeout_s:g}s" if lead is None else lead
+    return f"{lead + ': ' if lead else ''}{need}; {have} of {len(alive)} alive node(s){busy}"

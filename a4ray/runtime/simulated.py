@@ -6,6 +6,10 @@ topology under the same keys GKE uses, so the gang code cannot tell it from A4 n
 machine has enough real GPUs, each node gets its own slice of them (CUDA_VISIBLE_DEVICES of its raylet),
 so NCCL runs across "nodes" for real. Each node also gets its own loopback address (127.0.0.2, .3, ...)
 as its Ray node IP, so rendezvous addresses, MPI hostfiles and OpenMPI itself see distinct hosts.
+
+Like every local cluster of a4ray it runs with Ray token authentication (`a4ray.runtime.auth`), its head
+bound to loopback unless `host` says otherwise, and its processes (and so the jobs submitted to it) find the
+Python a4ray runs in first on PATH, whether or not its virtualenv was activated.
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 from a4ray.core.console import say, warn
+from a4ray.runtime import auth
 from a4ray.runtime.rayenv import HEAD_ENV
 from a4ray.spec.cluster import TopologySpec
 
@@ -28,6 +35,12 @@ SIMULATED_LABEL = "a4ray.io/simulated"
 LOCAL_ROOT_ENV = "A4RAY_LOCAL_ROOT"
 NODES_PER_SUBBLOCK = 4  # so a simulated topology has more than one subblock to order
 DASHBOARD_PORT = 8265
+
+
+def local_root() -> Path:
+    """Where relative local paths (the local workspace, stand-ins, local sources) resolve: the directory the
+    simulated cluster started in, on its nodes and in its jobs' drivers; elsewhere the current directory."""
+    return Path(os.environ.get(LOCAL_ROOT_ENV) or os.getcwd())
 
 
 def simulated_location(index: int, topology: TopologySpec) -> dict[str, str]:
@@ -74,6 +87,15 @@ def _port_free(port: int) -> bool:
         return True
 
 
+def _python_first() -> dict[str, str]:
+    """PATH with the directory of the Python a4ray runs in first: `ray job submit -- python -m a4ray.<job>` on
+    this cluster must start that Python (with Ray and a4ray), not whatever `python` the caller's PATH finds
+    (`.venv/bin/a4ray local up` with the virtualenv not activated)."""
+    bin_dir = os.path.dirname(sys.executable)
+    rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
+    return {"PATH": os.pathsep.join([bin_dir, *rest])}
+
+
 @contextlib.contextmanager
 def _environ(values: dict[str, str]):
     """This process's environment with `values` (where not set already) while the block runs."""
@@ -91,7 +113,7 @@ class SimulatedCluster:
                  topology: TopologySpec | None = None, cpus_per_node: int = 4,
                  dashboard: bool = False, dashboard_port: int | None = None, client_port: int | None = None,
                  object_store_mb: int = 256, persistent: bool = False, loopback_ips: bool = True,
-                 node_env: dict[int, dict[str, str]] | None = None):
+                 node_env: dict[int, dict[str, str]] | None = None, host: str = auth.LOOPBACK):
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.machine_type = machine_type
@@ -104,11 +126,13 @@ class SimulatedCluster:
         self.persistent = persistent
         self.loopback_ips = loopback_ips
         self.node_env = node_env or {}  # extra env of one node's processes (e.g. a misconfigured node)
+        self.host = host  # the head's address: loopback (this machine only) unless asked otherwise
         self.root = os.environ.get(LOCAL_ROOT_ENV) or os.getcwd()  # relative local paths resolve here
         self.cluster = None
         self.workers: dict[int, object] = {}  # simulated node index -> ray._private.node.Node
         self._gpu_slices: list[str] | None = None
         self._tmp_root: str | None = None  # each node's own /tmp (see _separate_host_env)
+        self._undo: list[auth.Undo] = []
 
     @property
     def address(self) -> str:
@@ -130,8 +154,13 @@ class SimulatedCluster:
                  f"GPUs; this machine has {len(physical)}: simulated GPUs are logical only")
         # The head's dashboard agent would take the fixed port 52365; another Ray on this machine may
         # hold it, and then job submission finds no agent. Workers already get random ports.
-        head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard, env_vars={LOCAL_ROOT_ENV: self.root},
-                    object_store_memory=128 * 2**20, dashboard_agent_listen_port=_free_port())
+        # Before the head starts: its processes, and this one, take both from the environment (undone at shutdown).
+        self._undo = [auth.enable_token_auth()] + ([auth.loopback_only()] if auth.is_loopback(self.host) else [])
+        where = {} if self.host == "0.0.0.0" else {"node_ip_address": self.host}
+        head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard, dashboard_host=self.host,
+                    env_vars={LOCAL_ROOT_ENV: self.root, **_python_first()},
+                    object_store_memory=128 * 2**20, dashboard_agent_listen_port=_free_port(),
+                    labels={SIMULATED_LABEL: "true"}, **where)
         if self.client_port:
             head["ray_client_server_port"] = self.client_port
         if self.dashboard:  # Ray's usual port where it is free: another cluster on this machine may hold it
@@ -149,7 +178,8 @@ class SimulatedCluster:
         assert self.cluster is not None
         if index is None:
             index = max(self.workers, default=-1) + 1
-        env = {LOCAL_ROOT_ENV: self.root, **self._separate_host_env(index), **self.node_env.get(index, {})}
+        env = {LOCAL_ROOT_ENV: self.root, **_python_first(), **self._separate_host_env(index),
+               **self.node_env.get(index, {})}
         if self._gpu_slices is not None and (index + 1) * self.gpus_per_node <= len(self._gpu_slices):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(
                 self._gpu_slices[index * self.gpus_per_node:(index + 1) * self.gpus_per_node])
@@ -212,7 +242,7 @@ class SimulatedCluster:
     def describe(self) -> str:
         gpus = "real GPU slices" if self._gpu_slices else "logical GPUs"
         return (f"embedded local Ray cluster at {self.address}: {self.nodes} simulated {self.machine_type} "
-                f"node(s) x {self.gpus_per_node} GPUs ({gpus})")
+                f"node(s) x {self.gpus_per_node} GPUs ({gpus}); Ray token authentication on")
 
     def shutdown(self) -> None:
         if self.cluster is not None:
@@ -223,3 +253,5 @@ class SimulatedCluster:
         if self._tmp_root is not None:
             shutil.rmtree(self._tmp_root, ignore_errors=True)
             self._tmp_root = None
+        while self._undo:
+            self._undo.pop()()

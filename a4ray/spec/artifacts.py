@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
+from a4ray.core.redact import redact_url
 from a4ray.spec.fields import Spec
 from a4ray.spec.job import JobSpec, job_kind
 
@@ -65,14 +66,15 @@ def parse_source(uri: str) -> SourceRef:
         if repo.startswith("datasets/"):
             repo, repo_type = repo.removeprefix("datasets/"), "dataset"
         if not _REPO_ID.match(repo):
-            raise ValueError(f"{scheme}:// takes <org>/<repo>[@revision], got {rest!r}")
+            raise ValueError(f"{scheme}:// takes <org>/<repo>[@revision] (no user or token: the Hub token comes from the "
+                             "nodes, see staging.token_file)")
         if at and not revision:
-            raise ValueError(f"missing revision after '@' in {uri!r}: give a commit, tag or branch, or drop the '@'")
+            raise ValueError(f"missing revision after '@' in {redact_url(uri)!r}: give a commit, tag or branch, or drop the '@'")
         return SourceRef(scheme, repo, revision or None, repo_type)
     if scheme.startswith("git+"):
         url, at, commit = rest.rpartition("@")
         if not at or "/" in commit:
-            raise ValueError(f"git sources must pin a commit: {uri}@<40-hex commit> (a branch would float)")
+            raise ValueError(f"git sources must pin a commit: {redact_url(uri)}@<40-hex commit> (a branch would float)")
         if not _COMMIT.match(commit):
             raise ValueError(f"{commit!r} is not a full commit SHA: pin the 40-hex commit, never a branch or tag "
                              f"(a4ray stages exactly one tree per artifact)")
@@ -80,11 +82,11 @@ def parse_source(uri: str) -> SourceRef:
     if scheme == "file":
         parts = urlsplit(uri)
         if parts.netloc not in ("", "localhost"):
-            raise ValueError(f"file:// URIs take an absolute path (file:///abs/path), got {uri!r}")
+            raise ValueError("file:// URIs take an absolute path (file:///abs/path)")
         return SourceRef("file", parts.path)
     parts = urlsplit(uri)
     if not parts.netloc:
-        raise ValueError(f"{scheme}:// needs a host or bucket, got {uri!r}")
+        raise ValueError(f"{scheme}:// needs a host or bucket")
     return SourceRef("https" if scheme == "http" else scheme, uri)
 
 
@@ -135,7 +137,7 @@ class ArtifactSpec(Spec):
     def _fits_scheme(self) -> Self:
         ref = self.ref
         if ref.scheme == "https" and self.source.endswith("/") and not self.files:
-            raise ValueError(f"{self.source} is a directory URL: list the files to fetch under `files:`")
+            raise ValueError(f"{redact_url(self.source)} is a directory URL: list the files to fetch under `files:`")
         if ref.scheme == "https" and not self.source.endswith("/") and self.files:
             raise ValueError("`files:` needs a source URL ending in '/' (the files are fetched relative to it)")
         if ref.scheme == "git" and (self.files or self.include or self.exclude):
@@ -149,6 +151,8 @@ class ArtifactSpec(Spec):
     def fingerprint(self) -> str:
         """What the published directory must have been staged from; the name is only a label."""
         request = self.model_dump(mode="json", exclude={"name"})
+        # Not the credentials in its URL: a signed URL signed again (it expires) is still the same source.
+        request["source"] = redact_url(request["source"])
         return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
 
 
@@ -181,6 +185,9 @@ class Staged(Spec):
 
     artifacts: list[ArtifactSpec] = Field(default_factory=list)
     staging: StagingOptions = StagingOptions()
+
+    def write_paths(self) -> list[tuple[tuple[str | int, ...], str]]:
+        return [*super().write_paths(), *((("artifacts", i, "target"), a.target) for i, a in enumerate(self.artifacts))]
 
     @field_validator("artifacts")
     @classmethod

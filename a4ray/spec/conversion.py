@@ -79,3 +79,7 @@ class ConvertSpec(Spec):
 class ConvertJob(JobSpec):
     kind: Literal["convert"] = "convert"
     convert: ConvertSpec = ConvertSpec()
+
+    def write_paths(self) -> list[tuple[tuple[str | int, ...], str]]:
+        output = self.convert.output or f"{self.convert.input}-to-mcore"
+        return [*super().write_paths(), (("convert", "output"), output)]

@@ -6,14 +6,18 @@ so a YAML file's `kind:` picks its model and `extra="forbid"` applies to every s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
 from pydantic import Field, PositiveFloat, PrivateAttr, model_validator
+from pydantic_core import PydanticCustomError
 
+from a4ray.core.errors import SpecError
+from a4ray.core.redact import MASK, is_secret_name
 from a4ray.spec.cluster import ClusterSpec, NetworkSpec, StorageSpec
-from a4ray.spec.fields import Spec
+from a4ray.spec.fields import Spec, escapes_workspace, write_path_problem
 from a4ray.spec.kuberay import KubeRaySpec
-from a4ray.spec.overrides import apply_overrides, dump_yaml, parse_sets
+from a4ray.spec.overrides import dotted, apply_overrides, dump_yaml, parse_sets
 from a4ray.spec.resilience import DoctorSpec, ObserveSpec, RestartSpec
 
 JOB_KINDS: dict[str, type[JobSpec]] = {}
@@ -56,13 +60,38 @@ class JobSpec(Spec):
             self.name = self.kind.replace("_", "-")
         return self
 
+    @model_validator(mode="after")
+    def _writes_inside_the_workspace(self) -> Self:
+        for loc, path in self.write_paths():
+            problem = write_path_problem(path, self.storage.workspace, self.storage.local_workspace)
+            if problem:  # `path` extends the error's location to the field (overrides.validate reads it)
+                raise PydanticCustomError("outside_workspace", "{problem}", {"path": loc, "problem": problem})
+        return self
+
+    def write_paths(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """(field, path) of every path this job writes by name, relative to the workspace unless absolute. Each
+        must stay inside the workspace: checked from the spec here, symlinks followed where the workspace is
+        known (the driver). Run directories are always `<workspace>/runs/<id>`. Kinds that write more add theirs."""
+        return []
+
+    def check_writes(self, workspace: Path, extra: list[tuple[str, str | Path]] = ()) -> None:
+        """Refuse, before anything runs, a write path (and `extra` ones: (what, path)) that resolves outside
+        `workspace`, the nodes' workspace root, once symlinks are followed."""
+        named = [(dotted(loc), path) for loc, path in self.write_paths()] + list(extra)
+        problems = [f"{what}: {str(path)!r} resolves to {real}, outside the workspace {workspace} (a symlink leads out)"
+                    for what, path in named if (real := escapes_workspace(workspace, path)) is not None]
+        if problems:
+            raise SpecError(self.source, problems, hint="point the symlink into the workspace, or name a path that "
+                            "stays in it")
+
     @property
     def source(self) -> str:
         return self._source
 
     def set(self, path: str, value: Any) -> Self:
         """A copy with one field changed (`spec.set("cluster.nodes", 4)`), validated like `--set`."""
-        return apply_overrides(self, [(path, value, f"set({path!r}, {value!r})")])
+        shown = MASK if is_secret_name(path.rsplit(".", 1)[-1]) else repr(value)  # never echo a secret
+        return apply_overrides(self, [(path, value, f"set({path!r}, {shown})")])
 
     def with_sets(self, sets: list[str]) -> Self:
         """A copy with Helm-style `a.b.c=value` overrides applied."""

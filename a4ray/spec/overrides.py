@@ -12,13 +12,14 @@ from __future__ import annotations
 import difflib
 import types
 import typing
+from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from a4ray.core.errors import SpecError
-from a4ray.core.redact import MASK, is_secret_name
+from a4ray.core.redact import MASK, is_secret_name, secret_in_spec
 
 Override = tuple[str, Any, str]  # (dotted path, parsed value, how the user wrote it)
 Token = str | int
@@ -44,9 +45,32 @@ def parse_yaml(text: str, source: str) -> Any:
     try:
         return yaml.load(text, Loader=_Yaml12Loader)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
+        mark, context = getattr(e, "problem_mark", None), getattr(e, "context_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise SpecError(source, [f"not valid YAML{where}: {getattr(e, 'problem', e)}"]) from None
+        problem = str(getattr(e, "problem", None) or e)
+        if context is not None and getattr(e, "context", None) and (mark is None or context.line != mark.line):
+            problem += f", {e.context} that starts at line {context.line + 1}, column {context.column + 1}"
+        raise SpecError(source, [f"not valid YAML{where}: {problem}"],
+                        hint="check the indentation (spaces, not tabs), quotes and brackets there") from None
+
+
+def read_yaml_file(path: Path, source: str) -> Any:
+    """A spec file's YAML; a missing file, a directory or bytes that are not text are errors naming it."""
+    if path.is_dir():
+        raise SpecError(source, ["is a directory, not a spec file"], hint="pass the YAML file in it, e.g. "
+                        f"{source.rstrip('/')}/ddp_test.yaml")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(source, ["file not found"],
+                        hint="pass --config with a path to a YAML spec, e.g. jobs/ddp_test.yaml") from None
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise SpecError(source, [f"not UTF-8 text (byte 0x{e.object[e.start]:02x} on line {line})"],
+                        hint="save the spec as UTF-8 YAML") from None
+    except OSError as e:
+        raise SpecError(source, [f"cannot be read: {e.strerror}"]) from None
+    return parse_yaml(text, source)
 
 
 def dump_yaml(data: Any) -> str:
@@ -122,7 +146,7 @@ def _assign(root: dict, tokens: list[Token], value: Any, origin: str) -> None:
     node: Any = root
     for depth, token in enumerate(tokens):
         last = depth == len(tokens) - 1
-        where = _dotted(tokens[:depth]) or "the top level"
+        where = dotted(tokens[:depth]) or "the top level"
         if isinstance(node, list):
             if not isinstance(token, int):
                 raise SpecError("--set", [f"{origin}: {where} is a list; index it with [N]"])
@@ -143,7 +167,7 @@ def _assign(root: dict, tokens: list[Token], value: Any, origin: str) -> None:
             node = node[token]
 
 
-def _dotted(loc: tuple | list) -> str:
+def dotted(loc: tuple | list) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
@@ -203,6 +227,8 @@ def _describe(error: dict, cls: type[BaseModel]) -> str:
         return text + (f" (allowed: {', '.join(allowed)})" if allowed else "")
     if kind == "missing":
         return "required field is missing"
+    if kind == "secret_in_spec":
+        return secret_in_spec(dotted(loc))
     msg = error["msg"].replace("Value error, ", "")
     if msg.startswith("Input should be "):
         wanted = msg.removeprefix("Input should be ")
@@ -225,9 +251,11 @@ def validate(cls: type[J], data: Any, source: str, origins: dict[tuple, str] | N
     except ValidationError as err:
         problems = []
         for error in err.errors(include_url=False):
-            loc = tuple(error["loc"])
+            ctx = error.get("ctx") or {}  # a validator may name the field below its own: a key, or a path
+            loc = tuple(error["loc"]) + ((ctx["key"],) if "key" in ctx else tuple(ctx.get("path", ())))
+            error["loc"] = loc
             origin = next((o for path, o in (origins or {}).items() if loc[: len(path)] == path), None)
-            line = f"{_dotted(loc) or '(top level)'}: {_describe(error, cls)}"
+            line = f"{dotted(loc) or '(top level)'}: {_describe(error, cls)}"
             problems.append(line + (f" (from {origin})" if origin else ""))
         raise SpecError(source, problems) from None
     if hasattr(spec, "_source"):

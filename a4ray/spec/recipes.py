@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from a4ray.spec.artifacts import Staged
 from a4ray.spec.conversion import ConvertSpec
@@ -70,6 +70,19 @@ class RecipeJob(Staged, JobSpec):
     @classmethod
     def _layer_over_defaults(cls, data: Any) -> Any:
         return _merged(cls.recipe_defaults, data) if isinstance(data, dict) else data
+
+    def write_paths(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """The staged targets, the conversions and the trainer's output (checkpoints, logs)."""
+        return [*super().write_paths(), (("convert", "output"), self.convert_output),
+                (("train", "output"), self.train_output)]
+
+    @field_validator("standins")
+    @classmethod
+    def _standins_here(cls, path: str | None) -> str | None:
+        # Made relative to the directory the (simulated) cluster started in, not the workspace.
+        if path is not None and (".." in PurePosixPath(path).parts or path.startswith("/")):
+            raise ValueError(f"{path!r}: give a directory relative to the current one, without '..'")
+        return path
 
     @staticmethod
     def on_nodes(workspace: str, path: str) -> str:

@@ -21,12 +21,15 @@ from a4ray.core.errors import SpecError, StagingError, StagingFailed
 from a4ray.core.results import Result
 from a4ray.core.rundir import RunDir
 from a4ray.runtime.connect import Connection, attached
+from a4ray.runtime.simulated import local_root
 from a4ray.spec.artifacts import ArtifactSpec, Staged, StagingOptions
 from a4ray.spec.cluster import ClusterSpec, StorageSpec
+from a4ray.spec.fields import escapes_workspace
 from a4ray.spec.job import JobSpec
 from a4ray.staging.display import Display, human_bytes
 from a4ray.staging.service import get_service
 from a4ray.staging.sources import source_for
+from a4ray.staging.standins import make_all
 from a4ray.staging.task import ArtifactOutcome, StageRequest
 
 _SERVICE_RETRIES = 3  # new staging services to try when one dies under us (each resumes the partial downloads)
@@ -59,11 +62,33 @@ def resolve_target(workspace: Path, target: str) -> Path:
 
 
 def _absolute_source(artifact: ArtifactSpec) -> ArtifactSpec:
-    """Plain relative paths are relative to the driver's directory; the nodes need them absolute."""
+    """Plain relative paths are relative to the local root (the directory a simulated cluster started in, else
+    the driver's); the nodes need them absolute. Not the driver's own directory: a submitted job's driver runs
+    in a temporary copy of its working_dir, and the same source must fingerprint the same however the job is
+    started (or its target would look staged from elsewhere)."""
     ref = artifact.ref
     if ref.scheme == "file" and "://" not in artifact.source and not os.path.isabs(artifact.source):
-        return artifact.model_copy(update={"source": os.path.abspath(artifact.source)})
+        return artifact.model_copy(update={"source": os.path.normpath(local_root() / artifact.source)})
     return artifact
+
+
+def make_standins(spec: JobSpec) -> None:
+    """A local rehearsal's spec (`standins:`) stages tiny stand-ins: make them first (kept if current)."""
+    out = getattr(spec, "standins", None)
+    if out:
+        t0 = time.monotonic()
+        made = make_all(out)
+        say(f"stand-ins in {local_root() / out} ({time.monotonic() - t0:.1f}s): {', '.join(made)}")
+
+
+def _check_targets(spec: JobSpec | Sequence[ArtifactSpec], artifacts: list[ArtifactSpec], root: Path) -> None:
+    """Every target resolves inside the workspace `root`, symlinks followed, or nothing is staged."""
+    every = list(spec.artifacts if isinstance(spec, JobSpec) else spec)
+    problems = [f"artifacts[{every.index(a)}].target: {a.target!r} resolves to {real}, outside the workspace {root}"
+                for a in artifacts if (real := escapes_workspace(root, a.target)) is not None]
+    if problems:
+        raise SpecError(spec.source if isinstance(spec, JobSpec) else "<artifacts>", problems,
+                        hint="stage into a directory inside the workspace (a symlink there leads out)")
 
 
 class Staging:
@@ -86,9 +111,13 @@ class Staging:
         _chosen(spec.artifacts, self.only)
 
     def plan(self, workspace: str | None = None) -> str:
-        return plan(self.spec)
+        out = getattr(self.spec, "standins", None)
+        lines = plan(self.spec).splitlines()
+        made = [f"first: make the tiny local stand-ins in {out} (a4ray.staging.standins)"] if out else []
+        return "\n".join(lines[:1] + made + lines[1:])
 
     def run(self, conn: Connection, run_dir: RunDir) -> StageResult:
+        make_standins(self.spec)  # as the pipeline's stage step does: a local spec stages on a fresh checkout
         return stage(self.spec, workspace=self.workspace, only=self.only)
 
 
@@ -127,6 +156,7 @@ def stage(spec: JobSpec | Sequence[ArtifactSpec], *, workspace: str | Path | Non
     root = Path(workspace).resolve() if workspace else conn.workspace(storage)
     if conn.simulated:  # every simulated node shares this machine's disk: the workspace is ours to create
         root.mkdir(parents=True, exist_ok=True)
+    _check_targets(spec, artifacts, root)
     requests = [StageRequest(artifact=_absolute_source(a), options=options, workspace=str(root), job=job,
                              target=str(resolve_target(root, a.target))) for a in artifacts]
     if cluster.nodes > 1:

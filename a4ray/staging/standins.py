@@ -24,6 +24,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from a4ray.runtime.simulated import local_root
+
 VERSION = "2"  # bump when the stand-ins change; an existing set of another version is remade
 _STAMP = ".a4ray-standin"
 SEED = 1234
@@ -122,8 +124,10 @@ def make_alpaca(out: Path, texts: list[str]) -> None:
 
 
 def make_all(out: str | Path = ".a4ray/standins") -> dict[str, Path]:
-    """Make every stand-in under `out` (kept if already made by this version). Returns name -> path."""
-    out = Path(out).resolve()
+    """Make every stand-in under `out` (kept if already made by this version). Returns name -> path. A relative
+    `out` is under the local root (the directory a simulated cluster started in, else this one), where the
+    spec's relative sources resolve too: however the job was started, the same files are staged."""
+    out = (local_root() / out).resolve()
     made = {"qwen3-moe-tiny": out / "qwen3-moe-tiny", "qwen3-next-tiny": out / "qwen3-next-tiny",
             "qwen-datasets": out / "qwen-datasets", "datasets": out / "datasets"}
     stamp = out / _STAMP

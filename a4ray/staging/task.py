@@ -19,10 +19,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from a4ray.core.errors import A4RayError, StagingError
-from a4ray.core.redact import register_secret
+from a4ray.core.redact import redact_url, register_secret
 from a4ray.spec.artifacts import TOKEN_ENV, ArtifactSpec, StagingOptions
 from a4ray.staging.display import Progress, Reporter, human_bytes
 from a4ray.staging.layout import (
@@ -68,6 +68,11 @@ class ArtifactOutcome(BaseModel):
     manifest_sha256: str = ""
     node: str = ""
     error: str | None = None
+
+    @field_validator("source")
+    @classmethod
+    def _no_credentials(cls, source: str) -> str:
+        return redact_url(source)  # an outcome is printed and recorded: never a URL's credentials
 
 
 def read_token(options: StagingOptions, artifact: str) -> str | None:
@@ -235,7 +240,7 @@ class _Staging:
             sha = ctx.computed.get(path, {}).get("sha256")
             records.append(FileRecord(path=path, size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha))
         return Manifest(
-            artifact=self.artifact.name, source=self.artifact.source, fingerprint=self.fingerprint,
+            artifact=self.artifact.name, source=redact_url(self.artifact.source), fingerprint=self.fingerprint,
             resolved=listing.resolved, bytes=sum(r.size for r in records), files=records,
             staged_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), staged_on=socket.gethostname(),
             duration_s=round(time.monotonic() - self.started, 3),

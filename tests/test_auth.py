@@ -1,0 +1,38 @@
+"""The token of a4ray's local clusters (a4ray.runtime.auth): made once, readable by its user only, masked
+everywhere, and offered only to clusters on this machine."""
+
+from __future__ import annotations
+
+import os
+
+import ray._private.ray_constants as ray_constants
+from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+from a4ray.core.redact import redact
+from a4ray.runtime import auth
+
+
+def test_the_token_is_made_once_for_this_user_only_and_masked(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "ray" / "auth_token"))
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    token = auth.ensure_token()
+    assert len(token) == 64 and auth.ensure_token() == token
+    assert oct((tmp_path / "ray" / "auth_token").stat().st_mode & 0o777) == "0o600"
+    assert token not in redact(f"Authorization: Bearer {token}")
+    assert "RAY_AUTH_TOKEN_PATH=" in auth.submit_hint("http://127.0.0.1:8265")
+
+
+def test_the_token_is_offered_to_this_machine_only_and_taken_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "auth_token"))
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    auth.ensure_token()
+    single_machine = ray_constants.ENABLE_RAY_CLUSTER  # False where a local cluster runs in this process
+    undo = auth.use_token_for("10.1.2.3:6379")  # another host: never
+    assert os.environ.get("RAY_AUTH_MODE") is None
+    undo()
+    for address in ("127.0.0.1:6379", "http://127.0.0.1:8265", "ray://localhost:10001"):
+        undo = auth.use_token_for(address)
+        assert os.environ["RAY_AUTH_MODE"] == "token" and is_token_auth_enabled()
+        assert ray_constants.ENABLE_RAY_CLUSTER is False  # Ray keeps 127.0.0.1 as it is
+        undo()
+        assert os.environ.get("RAY_AUTH_MODE") is None and ray_constants.ENABLE_RAY_CLUSTER is single_machine

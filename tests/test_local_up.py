@@ -1,0 +1,138 @@
+"""`a4ray local up` as a newcomer meets it: started as `.venv/bin/a4ray local up` with the virtualenv not
+activated, in a fresh checkout, then `ray job submit` onto it. One cluster for the module:
+
+- its control plane is closed: token authentication, the head on loopback; an unauthenticated submission
+  is refused, the same user's `RAY_AUTH_MODE=token ray job submit` (the line it prints) is accepted;
+- jobs find the Python a4ray runs in, not the caller's `python`;
+- `a4ray stage -f jobs/qwen3_next_local.yaml` on a fresh checkout makes the stand-ins it stages;
+- the rehearsal staged directly, then submitted as a Ray job, is a cache hit at stage;
+- the headline command with no --config rehearses on simulated nodes, saying so in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import PYTHON, REPO, free_port, isolated_env, wait_gone
+
+pytestmark = pytest.mark.slow
+RAY = str(Path(sys.executable).parent / "ray")  # the venv's CLI, by path: PATH below does not have it
+
+
+def _without_venv(path: str) -> str:
+    venv_bin = os.path.dirname(sys.executable)
+    return os.pathsep.join(p for p in path.split(os.pathsep) if p and p != venv_bin)
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    """`a4ray local up` in a fresh checkout (jobs/ only), its venv not on PATH, RAY_AUTH_MODE not set."""
+    checkout = tmp_path_factory.mktemp("checkout")
+    (checkout / "jobs").mkdir()
+    shutil.copy(REPO / "jobs" / "qwen3_next_local.yaml", checkout / "jobs")
+    (checkout / ".gitignore").write_text(".a4ray/\n")  # as the repo's: `--working-dir .` leaves it behind
+    env = isolated_env(checkout, PATH=_without_venv(os.environ["PATH"]))
+    env.pop("RAY_AUTH_MODE")
+    dashboard, client = free_port(), free_port()
+    head = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "local", "up", "--nodes", "2", "--gpus-per-node", "1",
+                             "--dashboard-port", str(dashboard), "--client-port", str(client)],
+                            cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = []
+    try:
+        for line in head.stdout:
+            said.append(line)
+            if "ready" in line:
+                break
+        else:
+            pytest.fail("a4ray local up did not come up:\n" + "".join(said))
+        yield {"checkout": checkout, "env": env, "address": f"http://127.0.0.1:{dashboard}", "said": "".join(said),
+               "head": head, "client": client}
+    finally:
+        head.send_signal(signal.SIGINT)
+        head.wait(timeout=60)
+        assert not wait_gone(env["RAY_TMPDIR"])
+
+
+def _submit(up, *command: str, auth: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(up["env"], **({"RAY_AUTH_MODE": "token"} if auth else {}))
+    return subprocess.run([RAY, "job", "submit", "--address", up["address"], "--working-dir", ".", "--", *command],
+                          cwd=up["checkout"], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_control_plane_is_closed_and_says_how_to_submit(up):
+    said = up["said"]
+    assert f"RAY_AUTH_MODE=token RAY_ADDRESS={up['address']} ray job submit --working-dir . --" in said
+    token = (Path.home() / ".ray" / "auth_token").read_text().strip()
+    assert token and token not in said
+    assert oct((Path.home() / ".ray" / "auth_token").stat().st_mode & 0o777) == "0o600"
+    # Unauthenticated: the Jobs API (remote code execution for whoever reaches it) refuses.
+    request = urllib.request.Request(f"{up['address']}/api/jobs/", method="POST", data=json.dumps(
+        {"entrypoint": "echo pwned"}).encode(), headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401
+    denied = _submit(up, "echo", "pwned", auth=False, timeout=60)
+    assert denied.returncode != 0 and "pwned" not in denied.stdout
+    # The head listens on loopback only: GCS, dashboard and job API, Ray Client.
+    tree = [up["head"].pid] + [p.pid for p in psutil.Process(up["head"].pid).children(recursive=True)]
+    head_ports = {int(up["address"].rsplit(":", 1)[1]), up["client"]}
+    listening = [c for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.pid in tree]
+    gcs = [c for c in listening if "gcs_server" in " ".join(psutil.Process(c.pid).cmdline()[:1])]
+    assert gcs and all(c.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1") for c in gcs), gcs
+    for c in listening:
+        if c.laddr.port in head_ports:
+            assert c.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1"), c
+
+
+def test_a_submitted_job_finds_the_python_a4ray_runs_in(up):
+    # The caller's PATH has no virtualenv: `python` here is another Python, without Ray or a4ray.
+    done = _submit(up, "python", "-c", "import sys, ray, a4ray; print('python:', sys.executable)")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"python: {os.path.dirname(sys.executable)}/" in done.stdout
+
+
+def _stage_directly(checkout: Path) -> str:
+    """`a4ray stage -f jobs/qwen3_next_local.yaml` on an embedded cluster (its own RAY_TMPDIR: it does not find
+    the local one)."""
+    direct = subprocess.run([PYTHON, "-m", "a4ray.stage", "-f", "jobs/qwen3_next_local.yaml"], cwd=checkout,
+                            env=isolated_env(checkout), capture_output=True, text=True, timeout=600)
+    assert direct.returncode == 0, direct.stdout[-3000:] + direct.stderr[-3000:]
+    return direct.stdout
+
+
+def test_stage_on_a_fresh_checkout_makes_the_standins_it_stages(up):
+    out = _stage_directly(up["checkout"])  # no stand-ins there yet
+    assert "stand-ins in" in out and "3 artifact(s) (3 ran)" in out
+
+
+def test_the_rehearsal_staged_directly_then_submitted_is_a_cache_hit(up):
+    checkout = up["checkout"]
+    made = subprocess.run([PYTHON, "-m", "a4ray.cli", "standins", "--out", ".a4ray/standins"], cwd=checkout,
+                          env=up["env"], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    _stage_directly(checkout)
+    # The same inputs, submitted as a Ray job: its driver runs in a copy of the working dir.
+    submitted = _submit(up, PYTHON, "-m", "a4ray.qwen3_next", "-f", "jobs/qwen3_next_local.yaml",
+                        "--skip", "preflight,train")
+    out = submitted.stdout + submitted.stderr
+    assert submitted.returncode == 0, out[-4000:]
+    assert "3 artifact(s) (3 cached)" in out, out[-4000:]
+
+
+def test_the_headline_command_rehearses_on_simulated_nodes_saying_so(up):
+    headline = _submit(up, PYTHON, "-m", "a4ray.qwen3_next", "--skip", "preflight,train")
+    out = headline.stdout + headline.stderr
+    assert headline.returncode == 0, out[-4000:]
+    said = [line for line in out.splitlines() if "rehearsing" in line]
+    assert len(said) == 1 and "simulated A4 nodes" in said[0] and "qwen3_next_local.yaml" in said[0], said
+    assert "step stage: " in out or "staged artifacts" in out
