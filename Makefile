@@ -23,7 +23,8 @@ system-deps:
 	  else echo "install as root: apt-get install -y $(APT_PACKAGES)"; exit 1; fi; fi
 
 # The main job, rehearsed on an embedded local Ray cluster of simulated A4 nodes (jobs/qwen3_next_local.yaml):
-# stage the tiny stand-ins, preflight, train with the built-in trainer on 2 nodes; then the A4 commands.
+# stage the tiny stand-ins, convert natively (verified), preflight, train with the Megatron trainer on 2 nodes
+# from the converted checkpoint; then the A4 commands. Run it again: every step is cached.
 rehearsal: install
 	$(PY) -m a4ray.qwen3_next
 

@@ -48,7 +48,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 def _spec(model: Path, output: Path, *sets: str, nodes: int = 2):
     return job("convert", f"convert.input={model}", f"convert.output={output}", f"cluster.nodes={nodes}",
-               "cluster.gpus_per_node=2", "convert.tasks_per_node=2", *sets, workspace=output.parent / "ws")
+               "cluster.gpus_per_node=2", "convert.tasks_per_node=2", *sets, workspace=output.parent)
 
 
 def _committed(output: Path) -> list[str]:
@@ -203,7 +203,8 @@ def test_pai_and_swift_dry_runs_print_each_nodes_documented_command(tmp_path):
     def dry(*sets: str) -> dict:
         result = tmp_path / "plan.json"
         out = subprocess.run([PYTHON, "-m", "a4ray.cli", "convert", "--dry-run", "--result", str(result),
-                              "--set", f"convert.input={model}", *[a for s in sets for a in ("--set", s)]],
+                              "--set", f"convert.input={model}", "--set", f"storage.workspace={tmp_path}",
+                              *[a for s in sets for a in ("--set", s)]],
                              env=isolated_env(tmp_path), capture_output=True, text=True, cwd=REPO, timeout=120)
         assert out.returncode == 0, out.stderr
         return json.loads(result.read_text())

@@ -220,7 +220,8 @@ def test_pai_launch_on_the_nodes_gets_its_arguments_and_the_dlc_contract(tmp_pat
     for ext in ("bin", "idx"):
         Path(f"{data}.{ext}").write_bytes(b"")
     monkeypatch.chdir(tmp_path)
-    common = ["--skip", "stage,convert,preflight", "--local-nodes", "2", "--gpus-per-node", "1",
+    common = ["-f", str(REPO / "jobs" / "qwen3_next.yaml"), "--skip", "stage,convert,preflight", "--local-nodes", "2",
+              "--gpus-per-node", "1",
               "--set", f"storage.local_workspace={ws}", "--set", "artifacts=[]", "--set", "train.pai.parallel.ep=1",
               "--set", "train.iterations=2", "--set", "train.warmup_iterations=1", "--set", "convert.output=mcore"]
     assert pipeline_main("qwen3_next", [*common, "--set", "train.model=no-hf-checkpoint", "--result", "r.json"]) == 0

@@ -28,7 +28,6 @@ import json
 import math
 import os
 import socket
-import statistics
 import sys
 import time
 from datetime import datetime
@@ -42,6 +41,7 @@ from a4ray.mcore import checkpointing, dataset, shims
 from a4ray.mcore.architecture import Architecture
 from a4ray.mcore.model import Parallel, default_naming, gpt_model, wrap_float16
 from a4ray.programs.distributed import exit_distributed, init_distributed
+from a4ray.programs.record import report_loop
 
 PREFIX = "a4ray.mcore:"
 
@@ -457,19 +457,12 @@ def main(argv: list[str] | None = None) -> int:
     devices = [None] * world
     dist.all_gather_object(devices, f"{socket.gethostname()}:{device}")
     if is_last_rank():
-        losses, times = result["losses"], result["step_times"]
-        timed = times[1:] or times
-        median = statistics.median(timed) if timed else 0.0
-        record = {"trainer": "megatron", "world_size": world, "backend": backend, "devices": devices,
-                  "iterations": args.train_iters, "start_iteration": start, "trained": len(losses),
-                  "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-                  "losses": [round(v, 5) for v in losses], "step_time_ms": round(median * 1000, 2),
-                  "tokens_per_s": round(args.global_batch_size * args.seq_length / median, 1) if median else None,
-                  "checkpoint": result["checkpoint"] or str(checkpointing.iteration_dir(save, start)),
-                  "precision": dtype,
-                  "parallel": {"tp": args.tp, "pp": args.pp, "cp": args.cp, "ep": args.ep, "dp": dp},
-                  "distributed_optimizer": use_dist_opt}
-        print("A4RAY_RESULT " + json.dumps(record), flush=True)
+        report_loop("megatron", world_size=world, backend=backend, devices=devices, iterations=args.train_iters,
+                    start=start, losses=result["losses"], step_times=result["step_times"],
+                    tokens_per_step=args.global_batch_size * args.seq_length,
+                    checkpoint=result["checkpoint"] or str(checkpointing.iteration_dir(save, start)),
+                    precision=dtype, parallel={"tp": args.tp, "pp": args.pp, "cp": args.cp, "ep": args.ep, "dp": dp},
+                    distributed_optimizer=use_dist_opt)
     exit_distributed(0)
 
 

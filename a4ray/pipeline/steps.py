@@ -27,9 +27,8 @@ from a4ray.pipeline import nodefs
 from a4ray.runtime.connect import Connection
 from a4ray.spec.conversion import ConvertJob
 from a4ray.spec.recipes import RecipeJob
+from a4ray.staging.stager import make_standins, stage
 from a4ray.staging.stager import plan as staging_plan
-from a4ray.staging.stager import stage
-from a4ray.staging.standins import make_all
 from a4ray.trainers import Trainer, trainer_for
 from a4ray.workloads.doctor import Doctor, report
 
@@ -117,12 +116,8 @@ class Stage(Step):
         return made + staging_plan(self.spec).splitlines()[1:]
 
     def run(self, ctx: Context) -> StepResult:
-        notes = []
-        if self.spec.standins:
-            t0 = time.monotonic()
-            made = make_all(self.spec.standins)
-            notes.append(f"stand-ins in {Path(self.spec.standins).resolve()} ({time.monotonic() - t0:.1f}s)")
-            say(f"stage: {notes[0]}: {', '.join(made)}")
+        made = make_standins(self.spec)
+        notes = [made] if made else []
         try:
             result = stage(self.spec, workspace=ctx.workspace)
         except StagingFailed as failure:

@@ -72,13 +72,17 @@ def _absolute_source(artifact: ArtifactSpec) -> ArtifactSpec:
     return artifact
 
 
-def make_standins(spec: JobSpec) -> None:
-    """A local rehearsal's spec (`standins:`) stages tiny stand-ins: make them first (kept if current)."""
+def make_standins(spec: JobSpec) -> str | None:
+    """A local rehearsal's spec (`standins:`) stages tiny stand-ins: make them first (kept if current).
+    Returns what was done, in a few words (None: the spec has no stand-ins)."""
     out = getattr(spec, "standins", None)
-    if out:
-        t0 = time.monotonic()
-        made = make_all(out)
-        say(f"stand-ins in {local_root() / out} ({time.monotonic() - t0:.1f}s): {', '.join(made)}")
+    if not out:
+        return None
+    t0 = time.monotonic()
+    made = make_all(out)
+    note = f"stand-ins in {(local_root() / out).resolve()} ({time.monotonic() - t0:.1f}s)"
+    say(f"stage: {note}: {', '.join(made)}")
+    return note
 
 
 def _check_targets(spec: JobSpec | Sequence[ArtifactSpec], artifacts: list[ArtifactSpec], root: Path) -> None:

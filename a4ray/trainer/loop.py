@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import socket
-import statistics
 import sys
 import time
 import warnings
@@ -26,6 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from a4ray.programs.distributed import exit_distributed, init_distributed
+from a4ray.programs.record import report_loop
 from a4ray.trainer import checkpoint
 from a4ray.trainer.batches import IGNORE, Batches, SFTRecords, TokenWindows
 
@@ -202,16 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     devices = [None] * world
     dist.all_gather_object(devices, f"{socket.gethostname()}:{device}")
     if rank == 0:
-        timed = step_times[1:] or step_times
-        median = statistics.median(timed) if timed else 0.0
-        record = {"trainer": "torch", "world_size": world, "backend": backend, "devices": devices,
-                  "iterations": args.iterations, "start_iteration": start, "trained": len(losses),
-                  "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-                  "losses": [round(v, 5) for v in losses], "step_time_ms": round(median * 1000, 2),
-                  "tokens_per_s": round(args.global_batch * args.seq_len / median, 1) if median else None,
-                  "checkpoint": str(checkpoint.iteration_dir(save, checkpoint.latest(save) or 0)),
-                  "precision": "bf16" if bf16 else "fp32"}
-        print("A4RAY_RESULT " + json.dumps(record), flush=True)
+        report_loop("torch", world_size=world, backend=backend, devices=devices, iterations=args.iterations,
+                    start=start, losses=losses, step_times=step_times, tokens_per_step=args.global_batch * args.seq_len,
+                    checkpoint=str(checkpoint.iteration_dir(save, checkpoint.latest(save) or 0)),
+                    precision="bf16" if bf16 else "fp32")
     exit_distributed(0)
 
 

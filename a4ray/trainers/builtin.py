@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
-from a4ray.spec.recipes import RecipeJob
 from a4ray.trainer.checkpoint import latest
 from a4ray.trainers.interface import LoopResult, Trainer
 from a4ray.workloads.torchrun import torchrun
@@ -23,10 +22,13 @@ class TorchTrainResult(LoopResult):
 class TorchTrain(Trainer):
     name = kind = "torch"
 
-    def __init__(self, spec: RecipeJob, *, workspace: str, checkpoint: str = "", simulated: bool = False):
-        super().__init__(spec, workspace=workspace, checkpoint=checkpoint, simulated=simulated)
-        t, at = spec.train, spec.on_nodes
-        self.model, self.data = at(workspace, t.model), at(workspace, t.data)
+    @property
+    def model(self) -> str:
+        return self.spec.on_nodes(self.workspace, self.spec.train.model)
+
+    @property
+    def data(self) -> str:
+        return self.spec.on_nodes(self.workspace, self.spec.train.data)
 
     def runs(self) -> str:
         return "a4ray's built-in trainer: torchrun of a4ray.trainer on every node (DDP)"

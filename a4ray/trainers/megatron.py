@@ -19,22 +19,19 @@ from a4ray.mcore.checkpointing import TRACKER, newest_complete
 from a4ray.mcore.model import unbuildable
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.conversion import ConvertSpec
-from a4ray.spec.recipes import RecipeJob
 from a4ray.trainers.interface import LoopResult, Trainer
 from a4ray.workloads.torchrun import torchrun
 
 
-class MegatronTrainResult(LoopResult):
-    kind: str = "megatron"
-
-
 class MegatronTrain(Trainer):
+    """The train step with trainer `megatron`: a4ray's Megatron trainer on every node (see the module)."""
+
     name = kind = "megatron"
     checks_model = True
 
-    def __init__(self, spec: RecipeJob, *, workspace: str, checkpoint: str = "", simulated: bool = False):
-        super().__init__(spec, workspace=workspace, checkpoint=checkpoint, simulated=simulated)
-        self.data = spec.on_nodes(workspace, spec.train.pretrain_data)
+    @property
+    def data(self) -> str:
+        return self.spec.on_nodes(self.workspace, self.spec.train.pretrain_data)
 
     @property
     def model(self) -> str:
@@ -147,3 +144,9 @@ class MegatronTrain(Trainer):
 
     def result(self, gang: GangResult) -> MegatronTrainResult:
         return MegatronTrainResult.of(gang)
+
+
+class MegatronTrainResult(LoopResult):
+    """The Megatron trainer's record (from the last rank, where the loss is)."""
+
+    kind: str = "megatron"

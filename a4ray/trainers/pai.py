@@ -273,9 +273,9 @@ class PaiTrain(Trainer):
     name = kind = "pai"
     checks_model = True
 
-    def __init__(self, spec: RecipeJob, *, workspace: str, checkpoint: str = "", simulated: bool = False):
-        super().__init__(spec, workspace=workspace, checkpoint=checkpoint, simulated=simulated)
-        self.paths = PaiPaths.resolve(spec, workspace, self.checkpoint)
+    @property
+    def paths(self) -> PaiPaths:
+        return PaiPaths.resolve(self.spec, self.workspace, self.checkpoint)
 
     def runs(self) -> str:
         return (f"Pai-Megatron-Patch {self.spec.train.pai.script} on every node (bash; the script starts torchrun "

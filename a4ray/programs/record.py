@@ -1,0 +1,23 @@
+"""What a training loop reports when it ends: one `A4RAY_RESULT {...}` line, which the node actor collects
+and the trainer's typed result reads back (`a4ray.trainers.interface.LoopResult`)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+
+def report_loop(trainer: str, *, world_size: int, backend: str, devices: list, iterations: int, start: int,
+                losses: list[float], step_times: list[float], tokens_per_step: int, checkpoint: str,
+                **extra) -> None:
+    """Print the record of a loop over iterations `start + 1 .. iterations`: its losses, and its median step
+    time (the first step, which compiles and warms caches, left out) with the tokens/s it makes."""
+    timed = step_times[1:] or step_times
+    median = statistics.median(timed) if timed else 0.0
+    record = {"trainer": trainer, "world_size": world_size, "backend": backend, "devices": devices,
+              "iterations": iterations, "start_iteration": start, "trained": len(losses),
+              "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+              "losses": [round(v, 5) for v in losses], "step_time_ms": round(median * 1000, 2),
+              "tokens_per_s": round(tokens_per_step / median, 1) if median else None, "checkpoint": checkpoint,
+              **extra}
+    print("A4RAY_RESULT " + json.dumps(record), flush=True)
