@@ -233,6 +233,40 @@ def test_unknown_steps_and_bad_specs_are_refused(capsys, tmp_path):
     assert json.loads(result.read_text())["ok"] is False
 
 
+def test_the_a4_defaults_with_the_megatron_trainer_print_every_nodes_command_and_env(capsys):
+    """`--dry-run --set train.trainer=megatron` of the A4 run: native conversion (the trainer loads megatron-core's
+    own layout), and on each of the 2 nodes a4ray.mcore under the rank launcher with the seed's parallelism."""
+    assert pipeline_main("qwen3_next", ["--dry-run", "--set", "train.trainer=megatron"]) == 0
+    out = capsys.readouterr().out
+    assert "[convert] a4ray's native converter: Ray tasks over layer ranges" in out
+    assert "[train] a4ray's Megatron trainer: torchrun of a4ray.mcore on every node" in out
+    for rank in (0, 1):
+        command = next(line for line in out.splitlines() if line.strip().startswith("python3 -m a4ray.runtime.ranks")
+                       and f"--node-rank={rank}" in line)
+        assert "--nproc=8" in command and "-m a4ray.mcore --model /mnt/ckpts/huggingface/Qwen3-Next-80B" in command
+        assert "--ep 8 " in command and "--global-batch-size 16 " in command and "--naming auto" in command
+        assert "--load /mnt/ckpts/huggingface/Qwen3-Next-80B-A3B-Instruct-to-mcore/latest" in command
+    assert "gib (auto): source /usr/local/gib/scripts/set_nccl_env.sh on each node" in out
+    assert "layers: Transformer Engine's where it imports on the nodes" in out
+
+
+def test_the_megatron_trainer_refuses_a_parallelism_the_model_cannot_take():
+    spec = load_job(None, ["train.trainer=megatron", "train.megatron.parallel.ep=16", "cluster.nodes=4"],
+                    kind="qwen3_next")
+    moe = {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 8, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 32}
+    problems = trainer_for(spec, WS, CKPT).check_model(moe, "/mnt/m/config.json")
+    assert problems == ["train.megatron.parallel.ep=16 does not divide the 8 experts of /mnt/m/config.json"]
+    tp = load_job(None, ["train.trainer=megatron", "train.megatron.parallel.tp=4", "train.megatron.parallel.ep=1"],
+                  kind="qwen3_next")
+    assert "train.megatron.parallel.tp=4 does not divide the 2 query groups of x" in \
+        trainer_for(tp, WS, CKPT).check_model(moe, "x")
+    sft = load_job(None, ["train.trainer=megatron", "train.mode=sft"], kind="qwen3_next")
+    with pytest.raises(SpecError, match="train.mode=sft: the Megatron trainer pretrains"):
+        trainer_for(sft, WS, CKPT).check()
+
+
 def test_a4ray_run_and_stage_take_recipe_specs(capsys):
     from a4ray.cli import main
 
