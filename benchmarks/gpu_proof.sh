@@ -6,6 +6,10 @@
 #   qwen3      the Qwen3-MoE rehearsal: stage, native convert, Megatron trainer over NCCL in bf16, checkpoints
 #              every 10 iterations, each loaded back and compared       (python -m a4ray.qwen3)
 #   resume     the same run asked for 40 iterations: it resumes from iteration 30's checkpoint
+#   killed     (2+ GPUs) the Qwen3-MoE rehearsal, expert parallel across the 2 nodes, with rank 1 SIGKILLed after
+#              the first checkpoint: the restart policy relaunches the gang, which resumes from the newest one
+#   step_time  (2+ GPUs) Megatron step time through the gang against bare torchrun (benchmarks/megatron_step.py)
+#   doctor     (2+ GPUs) the doctor's network check across the nodes: NCCL's transport and the busbw verdict
 #   qwen3_next the Qwen3-Next rehearsal (its DeltaNet layers need Transformer Engine and FLA; without them it
 #              trains the Qwen3-MoE stand-in, and says so)
 #   carried    megatron-core here (0.19.x) from what 0.16.1 made on a CPU (.gpu-carry/, when carried): training
@@ -21,15 +25,31 @@ echo "NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-unset}" | tee -a "$out/gpus.txt"
 python -c "import torch, megatron.core; print('torch', torch.__version__, 'megatron-core', megatron.core.__version__)" \
   | tee -a "$out/gpus.txt"
 
-step() {  # name, command...: run it, keep its log, show its tail (unless ONLY names other steps)
+want() {  # name: this step runs (ONLY is unset, or names it)
+  [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]
+}
+step() {  # name, command...: run it, keep its log, show its tail
   local name=$1; shift
-  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
+  want "$name" || return 0
   echo "=== $name: $*"
   local t0=$SECONDS
   "$@" > "$out/$name.log" 2>&1
   local rc=$?
   grep -vE '^\[n[0-9]+( r[0-9]+)?\] ' "$out/$name.log" | grep -vE '^(┃|│|┏|┡|└)' | tail -n 12
   echo "=== $name: exit $rc in $((SECONDS - t0))s"
+}
+kill_rank_1_after_first_checkpoint() {  # save dir: SIGKILL rank 1's trainer once iter_0000010 exists
+  local save=$1 pid
+  for _ in $(seq 3000); do
+    if [ -d "$save/iter_0000010" ]; then
+      for pid in $(pgrep -f "a4ray.mcore .*$save"); do
+        if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=1'; then
+          kill -9 "$pid" && echo "killed rank 1 (pid $pid) after $save/iter_0000010" && return
+        fi
+      done
+    fi
+    sleep 0.1
+  done
 }
 iterations() {  # name: the first and last iteration lines of its log
   [ -f "$out/$1.log" ] || return 0
@@ -54,6 +74,24 @@ grep -E 'check-save|loaded model weights|distributed optimizer' "$out/qwen3.log"
 step resume python -m a4ray.qwen3 "${shape[@]}" "${megatron[@]}" --set train.iterations=40 --result "$out/resume.json"
 grep -E 'resuming from checkpoint' "$out/resume.log" 2>/dev/null | head -n 1 | cut -c1-250
 iterations resume
+if [ "$nodes" -ge 2 ]; then
+  killed_ws=/tmp/a4ray-ws-killed
+  if want killed; then
+    kill_rank_1_after_first_checkpoint "$killed_ws/logs/output_megatron_qwen3_pretrain/checkpoint" > "$out/killer.txt" &
+  fi
+  step killed python -m a4ray.qwen3 --local-nodes 2 --gpus-per-node 1 --set "storage.local_workspace=$killed_ws" \
+    --set train.megatron.parallel.ep=2 --set restart.max_restarts=1 --set restart.backoff_s=1 --result "$out/killed.json"
+  wait
+  cat "$out/killer.txt" 2>/dev/null
+  grep -E 'relaunching on a new gang|resuming from checkpoint' "$out/killed.log" 2>/dev/null | head -n 3 | cut -c1-250
+  iterations killed
+  step step_time python benchmarks/megatron_step.py --nodes 2 --gpus-per-node 1 --rounds 3 --iters 30 --dir /tmp/mbench
+  step doctor python -m a4ray.cli doctor --local-nodes 2 --gpus-per-node 1 --set "storage.local_workspace=$ws" \
+    --result "$out/doctor.json"
+  grep -E 'network|NET/|transport' "$out/doctor.log" 2>/dev/null | head -n 6 | cut -c1-250
+else
+  echo "=== killed, step_time, doctor: not run: they need one GPU per node and 2 nodes, this machine has $gpus"
+fi
 step qwen3_next python -m a4ray.qwen3_next "${shape[@]}" "${megatron[@]}" --result "$out/qwen3_next.json"
 grep -E 'train: .*stand-in|logits not compared' "$out/qwen3_next.log" 2>/dev/null | head -n 2 | cut -c1-300
 iterations qwen3_next
