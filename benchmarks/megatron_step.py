@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -35,17 +34,12 @@ sys.path.insert(0, str(REPO))
 
 from a4ray.api import load  # noqa: E402
 from a4ray.runtime.simulated import physical_gpu_ids  # noqa: E402
+from bare import env, torchrun_as_nodes  # noqa: E402
 from a4ray.trainers import trainer_for  # noqa: E402
 
 PROFILE = REPO / "jobs" / "qwen3_local.yaml"
 SMALL = dict(layers=8, hidden=1024, heads=16, kv_heads=4, head_dim=64, ffn=2048, experts=8, topk=2, moe_ffn=512,
              vocab=512, shard_size="200MB")
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    return {**env, **extra}
 
 
 def overrides(args, ws: Path) -> list[str]:
@@ -61,7 +55,7 @@ def overrides(args, ws: Path) -> list[str]:
 def pipeline(args, ws: Path, extra: list[str], result: Path) -> dict:
     sets = [arg for s in overrides(args, ws) for arg in ("--set", s)]
     cmd = [sys.executable, "-m", "a4ray.qwen3", "--config", str(PROFILE), *sets, *extra, "--result", str(result)]
-    done = subprocess.run(cmd, env=_env(RAY_TMPDIR=tempfile.mkdtemp(prefix="r", dir="/tmp")), cwd=args.dir,
+    done = subprocess.run(cmd, env=env(RAY_TMPDIR=tempfile.mkdtemp(prefix="r", dir="/tmp")), cwd=args.dir,
                           capture_output=True, text=True)
     if done.returncode != 0 or not result.is_file():
         print(done.stdout[-4000:], done.stderr[-3000:], file=sys.stderr)
@@ -81,17 +75,8 @@ def torchrun(args, ws: Path, i: int, gpus: list[str]) -> dict:
     spec = load(PROFILE, *overrides(args, ws), f"train.output=logs/bench-torchrun-{i}",
                 f"train.iterations={args.iters}", "train.warmup_iterations=1")
     trainer_args = trainer_for(spec, str(ws)).trainer_args()
-    procs = []
-    for node in range(args.nodes):
-        env = _env()
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[node * args.gpus_per_node:(node + 1) * args.gpus_per_node])
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nodes}", f"--node-rank={node}",
-               f"--nproc-per-node={args.gpus_per_node}", "--master-addr=127.0.0.1", "--master-port=29531",
-               "-m", "a4ray.mcore", *trainer_args]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      cwd=args.dir))
-    outputs = [p.communicate()[0] for p in procs]
+    outputs = torchrun_as_nodes(args.nodes, args.gpus_per_node, gpus, 29531, ["-m", "a4ray.mcore", *trainer_args],
+                                cwd=args.dir)
     records = [json.loads(line.split("A4RAY_RESULT ", 1)[1]) for out in outputs for line in out.splitlines()
                if "A4RAY_RESULT " in line]
     if not records:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -29,13 +28,8 @@ sys.path.insert(0, str(REPO))
 
 from a4ray.parsers import nccl_tests  # noqa: E402
 from a4ray.runtime.simulated import physical_gpu_ids  # noqa: E402
+from bare import env, torchrun_as_nodes  # noqa: E402
 from a4ray.spec.nccl import parse_size  # noqa: E402
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    return {**env, **extra}
 
 
 def _busbw(text: str, collective: str) -> float | None:
@@ -52,8 +46,8 @@ def gang(args, implementation: str, extra: list[str] = ()) -> float | None:
                "--set", f"nccl.min_bytes={args.b}", "--set", f"nccl.max_bytes={args.e}", "--set",
                f"nccl.cpu_min_bytes={args.cpu_b}", "--set", f"nccl.cpu_max_bytes={args.cpu_e}", "--set",
                f"nccl.implementation={implementation}", "--set", f"storage.local_workspace={tmp}", *extra]
-        env = _env(RAY_TMPDIR=tempfile.mkdtemp(prefix="r", dir="/tmp"))
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+        done = subprocess.run(cmd, env=env(RAY_TMPDIR=tempfile.mkdtemp(prefix="r", dir="/tmp")), capture_output=True,
+                              text=True, cwd=REPO)
         if not out.is_file():
             print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
             return None
@@ -70,25 +64,14 @@ def bench_args(args) -> list[str]:
 
 def torchrun_nodes(args, gpus: list[str]) -> float | None:
     """N torchrun processes as N nodes on 127.0.0.1, node i with simulated node i's GPUs."""
-    port = "29517"
-    procs = []
-    for i in range(args.nodes):
-        env = _env()
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i * args.gpus_per_node:(i + 1) * args.gpus_per_node])
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nodes}", f"--node-rank={i}",
-               f"--nproc-per-node={args.gpus_per_node}", "--master-addr=127.0.0.1", f"--master-port={port}",
-               *bench_args(args)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      cwd=REPO))
-    outputs = [p.communicate()[0] for p in procs]
+    outputs = torchrun_as_nodes(args.nodes, args.gpus_per_node, gpus, 29517, bench_args(args), cwd=REPO)
     return _busbw(outputs[0], args.collective)
 
 
 def torchrun_one(args) -> float | None:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nodes * args.gpus_per_node}",
            *bench_args(args)]
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run(cmd, env=env(), capture_output=True, text=True, cwd=REPO)
     return _busbw(done.stdout, args.collective)
 
 
@@ -96,7 +79,7 @@ def mpirun_plain(args) -> float | None:
     binary = str(Path(args.nccl_tests_dir) / f"{args.collective}_perf")
     cmd = ["mpirun", "--allow-run-as-root", "-np", str(args.nodes * args.gpus_per_node), "--bind-to", "none",
            binary, "-b", args.b, "-e", args.e, "-f", "2", "-n", str(args.iters), "-w", str(args.warmup), "-g", "1"]
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
+    done = subprocess.run(cmd, env=env(), capture_output=True, text=True)
     return _busbw(done.stdout, args.collective)
 
 
