@@ -111,15 +111,13 @@ class Stage(Step):
         return out
 
     def plan(self, workspace: str) -> list[str]:
-        made = [f"first: make the tiny local stand-ins in {self.spec.standins} (a4ray.staging.standins)"] \
-            if self.spec.standins else []
-        return made + staging_plan(self.spec).splitlines()[1:]
+        return staging_plan(self.spec).splitlines()[1:]
 
     def run(self, ctx: Context) -> StepResult:
         made = make_standins(self.spec)
         notes = [made] if made else []
         try:
-            result = stage(self.spec, workspace=ctx.workspace)
+            result = stage(self.spec, workspace=ctx.workspace, conn=ctx.conn)
         except StagingFailed as failure:
             print(failure.result.table(), flush=True)
             raise

@@ -115,14 +115,11 @@ class Staging:
         _chosen(spec.artifacts, self.only)
 
     def plan(self, workspace: str | None = None) -> str:
-        out = getattr(self.spec, "standins", None)
-        lines = plan(self.spec).splitlines()
-        made = [f"first: make the tiny local stand-ins in {out} (a4ray.staging.standins)"] if out else []
-        return "\n".join(lines[:1] + made + lines[1:])
+        return plan(self.spec)
 
     def run(self, conn: Connection, run_dir: RunDir) -> StageResult:
         make_standins(self.spec)  # as the pipeline's stage step does: a local spec stages on a fresh checkout
-        return stage(self.spec, workspace=self.workspace, only=self.only)
+        return stage(self.spec, workspace=self.workspace, only=self.only, conn=conn)
 
 
 def _chosen(artifacts: Sequence[ArtifactSpec], only: Sequence[str]) -> list[ArtifactSpec]:
@@ -135,9 +132,9 @@ def _chosen(artifacts: Sequence[ArtifactSpec], only: Sequence[str]) -> list[Arti
 
 def stage(spec: JobSpec | Sequence[ArtifactSpec], *, workspace: str | Path | None = None,
           options: StagingOptions | None = None, only: Sequence[str] = (),
-          display: Display | None = None) -> StageResult:
+          display: Display | None = None, conn: Connection | None = None) -> StageResult:
     """Stage the artifacts of `spec` (any job that includes `Staged`) or a list of artifacts, on the cluster
-    this process is connected to (a job's driver, a notebook after `a4ray.connect()`).
+    `conn` (default: the one this process is connected to: a job's driver, a notebook after `a4ray.connect()`).
 
     `workspace` overrides where targets are resolved (default: the spec's shared workspace on a real
     cluster, its local workspace on a simulated one). Raises `StagingFailed` (with `.result`) if any
@@ -156,7 +153,7 @@ def stage(spec: JobSpec | Sequence[ArtifactSpec], *, workspace: str | Path | Non
     started = time.monotonic()
     if not artifacts:
         return StageResult.of(str(workspace or ""), 0.0, [])
-    conn = attached()
+    conn = conn or attached()
     root = Path(workspace).resolve() if workspace else conn.workspace(storage)
     if conn.simulated:  # every simulated node shares this machine's disk: the workspace is ours to create
         root.mkdir(parents=True, exist_ok=True)
@@ -307,7 +304,9 @@ def plan(spec: JobSpec) -> str:
              "token from HF_TOKEN / HUGGING_FACE_HUB_TOKEN on the nodes (if set)")
     where = (f"workspace {spec.storage.workspace} (shared storage; on an embedded local cluster: "
              f"{spec.storage.local_workspace})")
+    standins = getattr(spec, "standins", None)
     lines = [f"plan for job {spec.name!r} (stage): {len(spec.artifacts)} artifact(s) into {where}",
+             *([f"first: make the tiny local stand-ins in {standins} (a4ray.staging.standins)"] if standins else []),
              f"one Ray task per artifact ({o.cpus:g} CPU, {o.max_workers} files in parallel, "
              f"{o.retries} retries if its worker or node dies"
              + (f", on nodes labelled {o.node_labels}" if o.node_labels else "") + "); exactly once per target "
