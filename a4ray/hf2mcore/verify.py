@@ -27,10 +27,11 @@ from a4ray.core.errors import ConvertInputError
 from a4ray.hf2mcore.cache import VerifyReport
 from a4ray.hf2mcore.hf import HFCheckpoint
 from a4ray.hf2mcore.mapping import Slot, extra_states, groups, slots, to_hf, to_mcore
-from a4ray.hf2mcore.writer import LEGACY_FILE, RELEASE, TRACKER
+from a4ray.hf2mcore.writer import LEGACY_FILE
 from a4ray.mcore import model as mcore_model
 from a4ray.mcore import shims
 from a4ray.mcore.architecture import Architecture, Naming
+from a4ray.mcore.checkpointing import TRACKER, iteration_dir, read_tracker
 from a4ray.spec.conversion import VerifySpec
 
 # What reading a damaged checkpoint raises (DCP's CheckpointException is a BaseException).
@@ -39,11 +40,10 @@ _READ_ERRORS = (Exception, CheckpointException)
 
 def checkpoint_dir(root: Path) -> Path:
     """The iteration directory the tracker names (`release`, or `iter_NNNNNNN`)."""
-    tracker = root / TRACKER
-    if not tracker.is_file():
-        raise ConvertInputError(f"{root}: no {TRACKER}; not a Megatron checkpoint")
-    value = tracker.read_text().strip()
-    return root / (RELEASE if value == RELEASE else f"iter_{int(value):07d}")
+    iteration = read_tracker(root)
+    if iteration is None:
+        raise ConvertInputError(f"{root}: no readable {TRACKER}; not a Megatron checkpoint")
+    return iteration_dir(root, iteration)
 
 
 def memory_needed(arch: Architecture, spec: VerifySpec) -> int:

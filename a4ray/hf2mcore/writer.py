@@ -41,10 +41,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from a4ray.hf2mcore.mapping import ExtraState, Unit
 from a4ray.mcore.architecture import Architecture, Naming
-
-RELEASE = "release"
-TRACKER = "latest_checkpointed_iteration.txt"
-CHECKPOINT_VERSION = 3.0  # Megatron-LM's current checkpoint_version (QKV layout of mcore)
+from a4ray.mcore.checkpointing import CHECKPOINT_VERSION, RELEASE, TRACKER
 TORCH_DIST_MARKER = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                      "common_backend": "torch", "common_backend_version": 1}
 # What Megatron-LM 0.13+ records about how the sharded state dict was built; mcore's defaults.

@@ -39,7 +39,7 @@ from a4ray.mcore.names import sharded_renames
 
 TRACKER = "latest_checkpointed_iteration.txt"
 RELEASE = "release"
-CHECKPOINT_VERSION = 3.0
+CHECKPOINT_VERSION = 3.0  # Megatron-LM's current checkpoint_version (QKV layout of mcore)
 
 
 class CheckpointMismatch(ValueError):
