@@ -78,6 +78,21 @@ class Architecture:
                 return n
         return pattern
 
+    def hybrid_settings(self) -> dict:
+        """Qwen3-Next's settings as Megatron-Bridge's provider configures them (zero-centred norms, gated
+        attention, a gated shared expert, DeltaNet layers with a full-attention layer every
+        linear_attention_freq), under the names TransformerConfig and Megatron-LM's arguments share; empty for
+        a model that is not hybrid."""
+        if not self.hybrid:
+            return {}
+        return dict(
+            layernorm_zero_centered_gamma=True, attention_output_gate=True,
+            moe_shared_expert_intermediate_size=self.shared_ffn, moe_shared_expert_gate=True,
+            experimental_attention_variant="gated_delta_net", linear_attention_freq=self.linear_attention_freq,
+            linear_conv_kernel_dim=self.conv_kernel, linear_key_head_dim=self.linear_key_dim,
+            linear_value_head_dim=self.linear_value_dim, linear_num_key_heads=self.linear_key_heads,
+            linear_num_value_heads=self.linear_value_heads)
+
     def target_problems(self, naming: str, fmt: str) -> list[str]:
         """What of a conversion target (`convert.naming` / `convert.format`) mcore has no model for."""
         if not self.hybrid:

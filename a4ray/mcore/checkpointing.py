@@ -318,14 +318,8 @@ def model_args(arch: Architecture, dtype: torch.dtype, naming: Naming, fmt: str)
     trainer's, and `load_checkpoint` reads the parallel sizes to decide what to restore. Plain values only,
     so `torch.load(weights_only=True)` with mcore's safe globals reads it. Qwen3-Next adds the
     TransformerConfig fields its hybrid GPTModel is built from (Megatron-LM's argument names)."""
-    hybrid = dict(
-        experimental_attention_variant="gated_delta_net", linear_attention_freq=arch.linear_attention_freq,
-        linear_conv_kernel_dim=arch.conv_kernel, linear_key_head_dim=arch.linear_key_dim,
-        linear_value_head_dim=arch.linear_value_dim, linear_num_key_heads=arch.linear_key_heads,
-        linear_num_value_heads=arch.linear_value_heads, attention_output_gate=True,
-        layernorm_zero_centered_gamma=True, apply_layernorm_1p=True, rotary_percent=arch.rotary_fraction,
-        moe_shared_expert_intermediate_size=arch.shared_ffn, moe_shared_expert_gate=True,
-    ) if arch.hybrid else {}
+    hybrid = dict(arch.hybrid_settings(), apply_layernorm_1p=True, rotary_percent=arch.rotary_fraction) \
+        if arch.hybrid else {}
     return argparse.Namespace(**hybrid,
         num_layers=arch.layers, hidden_size=arch.hidden, ffn_hidden_size=arch.ffn or arch.moe_ffn,
         num_attention_heads=arch.heads, num_query_groups=arch.groups, group_query_attention=arch.groups != arch.heads,

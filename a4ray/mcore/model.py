@@ -105,15 +105,7 @@ def transformer_config(arch: Architecture, *, training: bool = False, parallel: 
             moe_aux_loss_coeff=aux_loss_coeff if training else 0.0,
             moe_router_dtype="fp32",
         )
-    # Qwen3-Next as Megatron-Bridge's provider configures it: zero-centred norms, gated attention, a gated
-    # shared expert, DeltaNet layers with a full-attention layer every linear_attention_freq.
-    hybrid = dict(
-        layernorm_zero_centered_gamma=True, attention_output_gate=True,
-        moe_shared_expert_intermediate_size=arch.shared_ffn, moe_shared_expert_gate=True,
-        experimental_attention_variant="gated_delta_net", linear_attention_freq=arch.linear_attention_freq,
-        linear_conv_kernel_dim=arch.conv_kernel, linear_key_head_dim=arch.linear_key_dim,
-        linear_value_head_dim=arch.linear_value_dim, linear_num_key_heads=arch.linear_key_heads,
-        linear_num_value_heads=arch.linear_value_heads) if arch.hybrid else {}
+    hybrid = arch.hybrid_settings()
     settings = dict(
         num_layers=arch.layers, hidden_size=arch.hidden, num_attention_heads=arch.heads,
         num_query_groups=arch.groups, kv_channels=arch.head_dim, ffn_hidden_size=arch.ffn or arch.moe_ffn,
