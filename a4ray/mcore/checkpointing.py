@@ -276,19 +276,21 @@ def check_shapes(model, directory: Path, rename: dict[str, str] | None = None) -
                                  + "; ".join(problems))
 
 
-def load_weights(model, directory: Path, arch=None, naming: str | None = None) -> None:
-    """Model weights only (a converted checkpoint: no optimizer, no RNG state), after `check_shapes`.
-    With `arch` and the model's `naming`, a checkpoint of the other naming (the converter's "te" for a
-    local-spec model, or the reverse) loads too: its keys are mapped by `a4ray.mcore.names`."""
+def load_weights(model, directory: Path, arch: Architecture, naming: Naming) -> Naming | None:
+    """Model weights only (a converted checkpoint: no optimizer, no RNG state), after `check_shapes`;
+    returns the checkpoint's naming (None: not recorded). A checkpoint of the other naming than the model's
+    (the converter's "te" for a local-spec model, or the reverse) loads too: its keys are mapped by
+    `a4ray.mcore.names`."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
     theirs = checkpoint_naming(directory)
-    rename = sharded_renames(arch, naming, theirs) if arch is not None and naming and theirs else {}
+    rename = sharded_renames(arch, naming, theirs) if theirs else {}
     check_shapes(model, directory, rename)
     loaded = dist_checkpointing.load({"model": _model_request(model, rename)}, str(directory),
                                      strict=StrictHandling.RAISE_UNEXPECTED)
     model.load_state_dict(loaded["model"])
+    return theirs
 
 
 def load_resume(directory: Path, model, optimizer, scheduler, use_distributed_optimizer: bool) -> dict:

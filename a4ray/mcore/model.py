@@ -85,7 +85,7 @@ def _dtype(dtype: torch.dtype | None) -> torch.dtype:
 
 def transformer_config(arch: Architecture, *, training: bool = False, parallel: Parallel = Parallel(),
                        naming: Naming | None = None, dtype: torch.dtype | None = None,
-                       aux_loss_coeff: float = 1e-3, **overrides) -> TransformerConfig:
+                       aux_loss_coeff: float = 1e-3) -> TransformerConfig:
     """mcore's TransformerConfig for `arch`. `training`: the router's load-balancing (aux) loss with
     `aux_loss_coeff` (HF `router_aux_loss_coef`); otherwise none, as for a logits comparison."""
     from megatron.core.transformer import TransformerConfig
@@ -119,7 +119,6 @@ def transformer_config(arch: Architecture, *, training: bool = False, parallel: 
         **moe, **hybrid,
     )
     settings.update(shims.model_overrides())
-    settings.update(overrides)
     return TransformerConfig(**settings)
 
 
@@ -140,9 +139,7 @@ def block_spec(config: TransformerConfig, arch: Architecture, naming: Naming):
 
 
 def gpt_model(arch: Architecture, *, training: bool = False, parallel: Parallel = Parallel(),
-              naming: Naming | None = None, dtype: torch.dtype | None = None, aux_loss_coeff: float = 1e-3,
-              pre_process: bool | None = None, post_process: bool | None = None, vp_stage: int | None = None,
-              **overrides):
+              naming: Naming | None = None, dtype: torch.dtype | None = None, aux_loss_coeff: float = 1e-3):
     """The megatron-core GPTModel equivalent to the HF model `arch` describes: this rank's part of it
     (pipeline stage, expert shard) once parallel_state is initialised. `training=False`: eval mode."""
     from megatron.core import parallel_state
@@ -152,31 +149,29 @@ def gpt_model(arch: Architecture, *, training: bool = False, parallel: Parallel 
     if arch.rope_type != "default":
         raise UnsupportedModel(f"rope_type {arch.rope_type!r} is not modelled (only the default RoPE is)")
     config = transformer_config(arch, training=training, parallel=parallel, naming=naming, dtype=dtype,
-                                aux_loss_coeff=aux_loss_coeff, **overrides)
-    if pre_process is None:
-        pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
-    if post_process is None:
-        post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+                                aux_loss_coeff=aux_loss_coeff)
     model = GPTModel(config=config, transformer_layer_spec=block_spec(config, arch, naming), vocab_size=arch.vocab,
-                     max_sequence_length=arch.max_positions, pre_process=pre_process, post_process=post_process,
+                     max_sequence_length=arch.max_positions,
+                     pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=None),
+                     post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=None),
                      position_embedding_type="rope", rotary_percent=arch.rotary_fraction,
                      rotary_base=int(arch.rope_theta), share_embeddings_and_output_weights=arch.tied,
-                     vp_stage=vp_stage)
+                     vp_stage=None)
     return model if training else model.eval()
 
 
-def init_standalone(store_dir: str | None = None, seed: int = 0) -> None:
+def init_standalone() -> None:
     """megatron-core in this one process, outside a training job (the conversion's verifier): the CPU
     shims, a gloo world of one, parallel state (all sizes 1) and RNG seeds."""
     from megatron.core import parallel_state, tensor_parallel
 
     shims.apply()
     if not dist.is_initialized():
-        store_dir = store_dir or tempfile.mkdtemp(prefix="a4ray-mcore-")
+        store_dir = tempfile.mkdtemp(prefix="a4ray-mcore-")
         dist.init_process_group("gloo", store=dist.FileStore(str(Path(store_dir) / "store"), 1), world_size=1, rank=0)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(0)
 
 
 def wrap_float16(model, config):

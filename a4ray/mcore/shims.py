@@ -225,11 +225,12 @@ def apply() -> bool:
 
 
 def model_overrides() -> dict:
-    """TransformerConfig settings a CPU run needs (empty where CUDA is available)."""
+    """TransformerConfig settings a CPU run needs (empty where CUDA is available); its fp32 is the model
+    builder's choice of dtype."""
     if not needed():
         return {}
     return dict(
-        use_cpu_initialization=True, params_dtype=torch.float32, bf16=False, fp16=False,
+        use_cpu_initialization=True,
         # fused kernels are CUDA (or TE / apex) kernels
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, apply_rope_fusion=False, bias_dropout_fusion=False,

@@ -178,7 +178,8 @@ def build(args: argparse.Namespace, arch, parallel: Parallel, naming: str, use_d
     return module, model, optimizer, scheduler
 
 
-def load_weights(args: argparse.Namespace, arch, module, optimizer, scheduler, use_dist_opt: bool) -> tuple[int, str]:
+def load_weights(args: argparse.Namespace, arch, naming: str, module, optimizer, scheduler,
+                 use_dist_opt: bool) -> tuple[int, str]:
     """Resume from --save, else start from --load; returns (iteration done, where from)."""
     save = Path(args.save).resolve()
     resume = checkpointing.newest_complete(save)
@@ -191,10 +192,8 @@ def load_weights(args: argparse.Namespace, arch, module, optimizer, scheduler, u
         return iteration, str(directory)
     if args.load:
         directory = checkpointing.converted_dir(Path(args.load))
-        naming = "te" if module.config.transformer_impl == "transformer_engine" else "local"
-        checkpointing.load_weights(module, directory, arch, naming)  # CheckpointMismatch before any training
+        theirs = checkpointing.load_weights(module, directory, arch, naming)  # CheckpointMismatch before training
         optimizer.reload_model_params()  # bf16: the optimizer's fp32 main params were copied at construction
-        theirs = checkpointing.checkpoint_naming(directory)
         say(f"loaded model weights from {directory} (converted checkpoint, {theirs or 'unknown'} naming, into the "
             f"{naming} spec; optimizer starts fresh)")
         return 0, str(directory)
@@ -410,20 +409,20 @@ def main(argv: list[str] | None = None) -> int:
                 "only with apex's norms (or the te spec): use expert parallelism (--ep) instead of --tp here")
             exit_distributed(2)
         parallel = dataclasses.replace(parallel, sequence_parallel=True)
-        args.sequence_parallel = True
         say("sequence parallelism: on (MoE with tensor parallelism needs it)")
 
-    use_dist_opt, why = distributed_optimizer_supported()
     if args.distributed_optimizer == "off":
         use_dist_opt, why = False, "off by --distributed-optimizer off"
-    elif args.distributed_optimizer == "on" and not use_dist_opt:
+    else:
+        use_dist_opt, why = distributed_optimizer_supported()
+    if args.distributed_optimizer == "on" and not use_dist_opt:
         say(f"error: --distributed-optimizer on, but {why}")
         exit_distributed(2)
     say(f"distributed optimizer: {'on' if use_dist_opt else 'off (plain optimizer)'} ({why})")
 
     module, model, optimizer, scheduler = build(args, arch, parallel, naming, use_dist_opt)
     try:
-        start, source = load_weights(args, arch, module, optimizer, scheduler, use_dist_opt)
+        start, source = load_weights(args, arch, naming, module, optimizer, scheduler, use_dist_opt)
     except checkpointing.CheckpointMismatch as error:
         say(f"error: {error}")
         exit_distributed(2)
