@@ -98,6 +98,24 @@ class Trainer(Workload[RecipeJob]):
         return {"output": self.output}
 
 
+def fit_problems(field: str, par: Any, where: str, *, experts: int, heads: int | None = None,
+                 groups: int | None = None, layers: int | None = None) -> list[str]:
+    """What megatron-core would refuse about splitting the model `where` over `par` (the spec at `field`,
+    e.g. train.parallel): tp must divide the heads and query groups, pp the layers, ep the experts; the
+    sizes a trainer does not know are None."""
+    problems = []
+    for name, count in (("attention heads", heads), ("query groups", groups)):
+        if count is not None and count % par.tp:
+            problems.append(f"{field}.tp={par.tp} does not divide the {count} {name} of {where}")
+    if layers is not None and layers % par.pp:
+        problems.append(f"{field}.pp={par.pp} does not divide the {layers} layers of {where}")
+    if experts and experts % par.ep:
+        problems.append(f"{field}.ep={par.ep} does not divide the {experts} experts of {where}")
+    if not experts and par.ep > 1:
+        problems.append(f"{field}.ep={par.ep}: {where} is a dense model (no experts)")
+    return problems
+
+
 class LoopResult(WorkloadResult):
     """What a trainer with its own loop (the built-in one, the Megatron one) reports: its `A4RAY_RESULT`
     record, from the rank that has the loss."""

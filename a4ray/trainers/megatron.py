@@ -19,7 +19,7 @@ from a4ray.mcore.checkpointing import TRACKER, newest_complete
 from a4ray.mcore.model import unbuildable
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.conversion import ConvertSpec
-from a4ray.trainers.interface import LoopResult, Trainer
+from a4ray.trainers.interface import LoopResult, Trainer, fit_problems
 from a4ray.workloads.torchrun import torchrun
 
 
@@ -83,17 +83,8 @@ class MegatronTrain(Trainer):
         except (UnsupportedModel, KeyError) as error:
             return [f"train.model: {error}"]
         par, field = self.spec.train.parallelism()
-        problems = []
-        for name, count in (("attention heads", arch.heads), ("query groups", arch.groups)):
-            if count % par.tp:
-                problems.append(f"{field}.tp={par.tp} does not divide the {count} {name} of {where}")
-        if arch.layers % par.pp:
-            problems.append(f"{field}.pp={par.pp} does not divide the {arch.layers} layers of {where}")
-        if arch.moe and arch.experts % par.ep:
-            problems.append(f"{field}.ep={par.ep} does not divide the {arch.experts} experts of {where}")
-        if not arch.moe and par.ep > 1:
-            problems.append(f"{field}.ep={par.ep}: {where} is a dense model (no experts)")
-        return problems
+        return fit_problems(field, par, where, experts=arch.experts, heads=arch.heads, groups=arch.groups,
+                            layers=arch.layers)
 
     def inputs(self) -> dict[str, str]:
         return {"the model's config.json (train.model)": f"{self.model}/config.json",

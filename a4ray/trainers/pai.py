@@ -29,7 +29,7 @@ from a4ray.observe.progress import parse_progress
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.recipes import RecipeJob
 from a4ray.spec.train import TrainSpec
-from a4ray.trainers.interface import Trainer
+from a4ray.trainers.interface import Trainer, fit_problems
 from a4ray.workloads.workload import WorkloadResult
 
 ARG_NAMES = (
@@ -115,14 +115,8 @@ def check(spec: RecipeJob) -> list[str]:
     model = script.sizes.get(p.model_size)
     if model is None:
         return [f"train.pai.model_size={p.model_size!r}: {p.script} defines {', '.join(script.sizes)}"]
-    if model.experts and model.experts % par.ep:
-        problems.append(f"train.pai.parallel.ep={par.ep} does not divide the {model.experts} experts of "
-                        f"{p.model_size}")
-    if not model.experts and par.ep > 1:
-        problems.append(f"train.pai.parallel.ep={par.ep}: {p.model_size} is a dense model (no experts)")
-    for name, count in (("attention heads", model.heads), ("query groups", model.kv_groups)):
-        if count % par.tp:
-            problems.append(f"train.pai.parallel.tp={par.tp} does not divide the {count} {name} of {p.model_size}")
+    problems += fit_problems("train.pai.parallel", par, p.model_size, experts=model.experts, heads=model.heads,
+                             groups=model.kv_groups)  # the layers: _layer_checks, with Pai's uneven first stage
     problems += _layer_checks(spec, model)
     if p.optimizer_offload is not None and not p.distributed_optimizer:
         problems.append(f"train.pai.optimizer_offload={p.optimizer_offload:g} needs train.pai.distributed_optimizer="

@@ -23,7 +23,7 @@ from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.conversion import ConvertSpec
 from a4ray.spec.recipes import RecipeJob
 from a4ray.spec.train import SwiftTrainSpec
-from a4ray.trainers.interface import Trainer
+from a4ray.trainers.interface import Trainer, fit_problems
 from a4ray.workloads.workload import WorkloadResult
 
 
@@ -58,12 +58,7 @@ def check(spec: RecipeJob) -> list[str]:
 
 def check_hf_config(config: dict, spec: RecipeJob, where: str) -> list[str]:
     experts = config.get("num_experts") or config.get("num_local_experts") or 0
-    par = spec.train.parallel
-    if experts and experts % par.ep:
-        return [f"train.parallel.ep={par.ep} does not divide the {experts} experts of {where}"]
-    if not experts and par.ep > 1:
-        return [f"train.parallel.ep={par.ep}: {where} is a dense model (no experts)"]
-    return []
+    return fit_problems("train.parallel", spec.train.parallel, where, experts=experts)
 
 
 def swift_args(spec: RecipeJob, workspace: str, load: str) -> list[str]:
