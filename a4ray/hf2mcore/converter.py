@@ -110,9 +110,9 @@ class ConvertWorkload(Workload[ConvertJob]):
         c = spec.convert
         # Until execute() resolves them against the workspace, paths are shown as the user gave them.
         ws = "<workspace>/"
-        self.paths = Paths(input=_under(c.input, ws), output=_under(c.output, ws) if c.output else
-                           f"{_under(c.input, ws)}-to-mcore", repo=_under(c.pai.repo, ws),
-                           save=f"{_under(c.output, ws) if c.output else _under(c.input, ws) + '-to-mcore'}/.tmp-<key>")
+        output = _under(c.output_or_default, ws)
+        self.paths = Paths(input=_under(c.input, ws), output=output, repo=_under(c.pai.repo, ws),
+                           save=f"{output}/.tmp-<key>")
         self.config: dict = {}
         self.dtype_name = ""  # resolved from convert.precision once the input is open
 

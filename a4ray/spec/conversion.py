@@ -71,6 +71,11 @@ class ConvertSpec(Spec):
     swift: SwiftConvertSpec = SwiftConvertSpec()
 
     @property
+    def output_or_default(self) -> str:
+        """`output`, else `<input>-to-mcore` (as given: relative paths are under the workspace)."""
+        return self.output or f"{self.input}-to-mcore"
+
+    @property
     def verify_enabled(self) -> bool:
         return self.verify.enabled if self.verify.enabled is not None else self.backend == "native"
 
@@ -81,5 +86,4 @@ class ConvertJob(JobSpec):
     convert: ConvertSpec = ConvertSpec()
 
     def write_paths(self) -> list[tuple[tuple[str | int, ...], str]]:
-        output = self.convert.output or f"{self.convert.input}-to-mcore"
-        return [*super().write_paths(), (("convert", "output"), output)]
+        return [*super().write_paths(), (("convert", "output"), self.convert.output_or_default)]
