@@ -20,8 +20,8 @@ from a4ray.core.rundir import RunDir
 from a4ray.hf2mcore.converter import ConvertWorkload
 from a4ray.pipeline.runner import Pipeline
 from a4ray.runtime.connect import Connection
-from a4ray.spec.job import JOB_KINDS, JobSpec
-from a4ray.spec.recipes import RecipeJob
+from a4ray.spec.job import JobSpec
+from a4ray.spec.recipes import RECIPE_KINDS
 from a4ray.staging.stager import Staging
 from a4ray.workloads.ddp_check import DDPTest
 from a4ray.workloads.generic import Command
@@ -43,7 +43,7 @@ class Job(Protocol):
 JOBS: dict[str, Callable[[JobSpec], Job]] = {
     "command": Command, "ddp_test": DDPTest, "nccl_test": NcclTest, "deepep_test": DeepEPTest,
     "convert": ConvertWorkload, "stage": Staging,
-    **{kind: Pipeline for kind, cls in JOB_KINDS.items() if issubclass(cls, RecipeJob)},
+    **{kind: Pipeline for kind in RECIPE_KINDS},
 }
 
 

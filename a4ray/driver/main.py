@@ -31,7 +31,7 @@ from a4ray.runtime import connect as connection
 from a4ray.spec.job import JOB_KINDS, JobSpec
 from a4ray.spec.loader import check_kind, load_job
 from a4ray.spec.overrides import read_yaml_file
-from a4ray.spec.recipes import STEPS, RecipeJob
+from a4ray.spec.recipes import RECIPE_KINDS, STEPS
 from a4ray.staging.stager import Staging
 from a4ray.workloads.doctor import Doctor
 
@@ -79,7 +79,7 @@ WORKSPACE = Option(("--workspace",), "resolve targets under DIR instead of the s
                    kwargs={"metavar": "DIR"})
 
 COMMANDS: dict[str, Command] = {
-    **{kind: Command(kind, options=(SKIP, FROM)) for kind, cls in JOB_KINDS.items() if issubclass(cls, RecipeJob)},
+    **{kind: Command(kind, options=(SKIP, FROM)) for kind in RECIPE_KINDS},
     "ddp_test": Command("ddp_test"),
     "nccl_test": Command("nccl_test", options=(ISOLATE,)),
     "deepep_test": Command("deepep_test"),

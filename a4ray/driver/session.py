@@ -7,7 +7,6 @@ what it opened. A notebook connects first, and its runs find that cluster here.
 from __future__ import annotations
 
 import html
-import os
 from pathlib import Path
 
 import ray
@@ -15,7 +14,7 @@ import ray
 from a4ray.core.errors import A4RayError
 from a4ray.runtime.connect import Connection
 from a4ray.runtime.connect import connect as open_connection
-from a4ray.runtime.simulated import LOCAL_ROOT_ENV
+from a4ray.runtime.simulated import local_root
 from a4ray.spec.cluster import ClusterSpec, StorageSpec
 from a4ray.spec.job import JobSpec
 
@@ -106,4 +105,4 @@ def workspace(given: str | Path | None = None) -> Path:
     cluster = current()
     if cluster is not None:
         return cluster.workspace()
-    return (Path(os.environ.get(LOCAL_ROOT_ENV) or os.getcwd()) / StorageSpec().local_workspace).resolve()
+    return (local_root() / StorageSpec().local_workspace).resolve()

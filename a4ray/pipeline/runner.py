@@ -28,8 +28,7 @@ from a4ray.observe.progress import Progress, history
 from a4ray.pipeline import nodefs
 from a4ray.pipeline.steps import Context, Step, StepResult, failed, steps_of
 from a4ray.runtime.connect import Connection
-from a4ray.spec.job import JOB_KINDS
-from a4ray.spec.recipes import STEPS, RecipeJob
+from a4ray.spec.recipes import RECIPE_KINDS, STEPS, RecipeJob
 from a4ray.trainers import trainer_for
 
 
@@ -85,7 +84,7 @@ def _first_line(text: str, width: int = 110) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
-register_result(PipelineResult, *(kind for kind, cls in JOB_KINDS.items() if issubclass(cls, RecipeJob)))
+register_result(PipelineResult, *RECIPE_KINDS)
 
 
 class Pipeline:
@@ -126,9 +125,7 @@ class Pipeline:
 
     def run(self, conn: Connection, run_dir: RunDir) -> PipelineResult:
         spec = self.spec
-        workspace = conn.workspace(spec.storage)
-        if conn.simulated:
-            workspace.mkdir(parents=True, exist_ok=True)
+        workspace = conn.workspace(spec.storage)  # the driver made the run directory in it
         ctx = Context(spec=spec, conn=conn, workspace=str(workspace), run_dir=run_dir)
         result = PipelineResult(kind=spec.kind, job=spec.name, ok=False, verdict="running", run_dir=str(run_dir.root),
                                 workspace=str(workspace))

@@ -234,7 +234,6 @@ class Train(Step):
         if trainer.stands_in:
             say(f"train: {trainer.stands_in}: training its stand-in {spec.train.megatron.stand_in} instead (converted "
                 "alongside); where they are installed, the model itself trains")
-        trainer.check()
         lost = nodefs.missing(spec.cluster, trainer.inputs())
         if lost:
             raise StepError(self.name, "missing on the nodes: " + "; ".join(lost),

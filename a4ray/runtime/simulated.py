@@ -127,7 +127,7 @@ class SimulatedCluster:
         self.loopback_ips = loopback_ips
         self.node_env = node_env or {}  # extra env of one node's processes (e.g. a misconfigured node)
         self.host = host  # the head's address: loopback (this machine only) unless asked otherwise
-        self.root = os.environ.get(LOCAL_ROOT_ENV) or os.getcwd()  # relative local paths resolve here
+        self.root = str(local_root())  # relative local paths resolve here
         self.cluster = None
         self.workers: dict[int, object] = {}  # simulated node index -> ray._private.node.Node
         self._gpu_slices: list[str] | None = None

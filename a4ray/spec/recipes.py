@@ -19,7 +19,7 @@ from pydantic import Field, field_validator, model_validator
 from a4ray.spec.artifacts import Staged
 from a4ray.spec.conversion import ConvertSpec
 from a4ray.spec.fields import Spec
-from a4ray.spec.job import JobSpec, job_kind
+from a4ray.spec.job import JOB_KINDS, JobSpec, job_kind
 from a4ray.spec.train import SwiftTrainSpec, TrainSpec
 
 STEPS = ("stage", "convert", "preflight", "train")
@@ -203,3 +203,7 @@ class SwiftDPOJob(RecipeJob):
         # by the same ms-swift as the trainer: the pipeline converts with train.version.
         "convert": {"backend": "swift", "precision": "bf16"},
     }
+
+
+# Every recipe kind (all defined above): the kinds the pipeline runs.
+RECIPE_KINDS = tuple(kind for kind, cls in JOB_KINDS.items() if issubclass(cls, RecipeJob))
