@@ -8,7 +8,6 @@ one `A4RAY_RESULT {...}` line per rank; exits 1 if this rank's checks failed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
@@ -21,6 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from a4ray.programs.distributed import exit_distributed, init_distributed
+from a4ray.programs.record import report
 
 
 def _flat(tensors) -> torch.Tensor:
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         "allreduce_ok": allreduce_ok, "param_max_diff": param_diff, "grad_max_diff": grad_diff,
         "loss_first": losses[0], "loss_last": losses[-1], "passed": passed,
     }
-    print("A4RAY_RESULT " + json.dumps(record), flush=True)
+    report(record)
     exit_distributed(0 if passed else 1)
 
 

@@ -6,6 +6,13 @@ from __future__ import annotations
 import json
 import statistics
 
+RESULT_MARKER = "A4RAY_RESULT "  # what the node actor looks for at the start of a rank's output line
+
+
+def report(record: dict) -> None:
+    """Print `record` as the one result line the node actor collects."""
+    print(RESULT_MARKER + json.dumps(record), flush=True)
+
 
 def report_loop(trainer: str, *, world_size: int, backend: str, devices: list, iterations: int, start: int,
                 losses: list[float], step_times: list[float], tokens_per_step: int, checkpoint: str,
@@ -20,4 +27,4 @@ def report_loop(trainer: str, *, world_size: int, backend: str, devices: list, i
               "losses": [round(v, 5) for v in losses], "step_time_ms": round(median * 1000, 2),
               "tokens_per_s": round(tokens_per_step / median, 1) if median else None, "checkpoint": checkpoint,
               **extra}
-    print("A4RAY_RESULT " + json.dumps(record), flush=True)
+    report(record)

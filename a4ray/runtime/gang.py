@@ -214,8 +214,8 @@ class Gang:
                                                                  else "hang")
         wheres = [self.nodes[g].describe(self.cluster.topology) for g in members]
         supervisor = Supervisor(
-            [self.actors[g] for g in members], members, wheres, launches, timeout_s, observe=self.spec.observe, observers=self.observers, stop=self._stop,
-            hang_dir=hang_dir, tags=(self.spec.name, self.run_id))
+            actors, members, wheres, launches, timeout_s, observe=self.spec.observe, observers=self.observers,
+            stop=self._stop, hang_dir=hang_dir, tags=(self.spec.name, self.run_id))
         outcome = supervisor.watch()
         result = self._collect(members, outcome, time.monotonic() - t0, log_dir, launch_id)
         if not result.ok:

@@ -36,6 +36,7 @@ from a4ray.core.redact import Redactor, secret_values
 from a4ray.observe import metrics
 from a4ray.observe.progress import Progress, parse_progress
 from a4ray.observe.stacks import StackDump, dump_all
+from a4ray.programs.record import RESULT_MARKER  # workloads report typed results as one JSON line each
 from a4ray.runtime.netenv import EnvLayer, build_env, gib_layer, source_script
 from a4ray.runtime.process import ManagedProcess, launch_processes
 from a4ray.runtime.topology import NodeFacts
@@ -44,8 +45,6 @@ from a4ray.spec.cluster import NetworkSpec
 # torchrun --tee prefixes each worker line with "[<role><local_rank>]:".
 _TORCHRUN_PREFIX = re.compile(r"^\[default(\d+)\]:")
 _RANK_LAUNCHERS = ("torch.distributed.run", "a4ray.runtime.ranks")  # a node's launcher is not a rank
-# Workloads report typed results as one JSON line each: "A4RAY_RESULT {...}".
-RESULT_MARKER = "A4RAY_RESULT "
 _BUFFER_LINES = 20_000
 _EXEC_BUFFER_LINES = 5_000
 

@@ -19,8 +19,7 @@ import sys
 
 GANG_VAR = "A4RAY_RSH_GANG"
 SSH_FAILURE = 255
-# ssh options an MPI launcher may pass; those in the second set take a value.
-_FLAGS = {"-x", "-X", "-q", "-n", "-T", "-t", "-4", "-6", "-A", "-a"}
+# ssh options an MPI launcher may pass that take a value; any other option (-x, -q, -T, ...) is a flag.
 _WITH_VALUE = {"-o", "-p", "-l", "-i", "-F"}
 
 

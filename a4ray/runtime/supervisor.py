@@ -44,7 +44,6 @@ class Outcome:
         self.hint: str | None = None
         self.failed_node: int | None = None  # launch rank
         self.lost: set[int] = set()
-        self.stopped: set[int] = set()
         self.tails: dict[int, list[str]] = {}
         self.iterations_seen = 0
         self.last_iteration: int | None = None
@@ -203,7 +202,6 @@ class Supervisor:
         """Stop every still-running node, then drain the lines they printed while stopping."""
         out = self.outcome
         running = set(pending.values())
-        out.stopped = running - self.standby
         say(f"stopping {len(running)} node(s): {out.message.splitlines()[0] if out.message else ''}")
         self.stop([self.members[rank] for rank in sorted(running - out.lost)])
         for rank in sorted(running - out.lost):
