@@ -146,9 +146,9 @@ def _round_trip_dist(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: N
         _compare(group, {int(i): t for i, t in loaded.items() if i.isdigit()}, reader, arch, naming, report)
 
 
-def _last_line(error: Exception) -> str:
+def _last_line(error: BaseException, limit: int = 300) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {(lines[-1] if lines else '')[:300]}"
+    return f"{type(error).__name__}: {(lines[-1] if lines else '')[:limit]}"
 
 
 def _round_trip_legacy(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: Naming, report: VerifyReport) -> None:
@@ -185,8 +185,7 @@ def _naming(arch: Architecture) -> Naming:
 
 def _why_not(arch: Architecture, error: BaseException) -> str:
     """One line: why megatron-core's model of `arch` could not be built or run here."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    cause = f"{type(error).__name__}: {(lines[-1] if lines else '')[:200]}"
+    cause = _last_line(error, limit=200)
     missing = mcore_model.unbuildable(arch)
     return f"{missing} ({cause})" if missing else f"megatron-core cannot run {arch.family} here: {cause}"
 

@@ -34,12 +34,8 @@ class TorchTrain(Trainer):
         return "a4ray's built-in trainer: torchrun of a4ray.trainer on every node (DDP)"
 
     @property
-    def save_dir(self) -> str:
-        return str(PurePosixPath(self.output) / "checkpoint")
-
-    @property
     def checkpoints(self) -> str:
-        return self.save_dir
+        return str(PurePosixPath(self.output) / "checkpoint")
 
     def problems(self) -> list[str]:
         t = self.spec.train
@@ -70,7 +66,7 @@ class TorchTrain(Trainer):
     def trainer_args(self) -> list[str]:
         t = self.spec.train
         o = t.torch
-        args = ["--model", self.model, "--mode", t.mode, "--data", self.data, "--save", self.save_dir,
+        args = ["--model", self.model, "--mode", t.mode, "--data", self.data, "--save", self.checkpoints,
                 "--seq-len", str(t.seq_len), "--micro-batch", str(t.micro_batch_size),
                 "--iterations", str(t.iterations), "--warmup", str(t.warmup_iterations), "--lr", f"{t.lr:g}",
                 "--min-lr", f"{t.min_lr:g}", "--weight-decay", f"{o.weight_decay:g}", "--grad-clip", f"{o.grad_clip:g}",
@@ -87,9 +83,9 @@ class TorchTrain(Trainer):
         return Launch(argv=torchrun(node, ["-m", "a4ray.trainer", *self.trainer_args()]), nproc=node.gpus)
 
     def resume_note(self) -> str:
-        done = latest(Path(self.save_dir))  # where the driver sees the workspace; else the trainer finds it
+        done = latest(Path(self.checkpoints))  # where the driver sees the workspace; else the trainer finds it
         return (f"the trainer resumes from checkpoint iteration {done}" if done else
-                f"the trainer resumes from its newest checkpoint in {self.save_dir}, if any")
+                f"the trainer resumes from its newest checkpoint in {self.checkpoints}, if any")
 
     def result(self, gang: GangResult) -> TorchTrainResult:
         return TorchTrainResult.of(gang)
