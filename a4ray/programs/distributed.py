@@ -1,4 +1,5 @@
-"""How every a4ray program run by torchrun joins its process group: NCCL on this rank's GPU, else gloo."""
+"""How every a4ray program run by torchrun joins its process group: NCCL on this rank's GPU, else gloo; and
+how it answers a4ray's hang forensics: its flight record, served by torch's c10d worker server."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+
+from a4ray.observe.flight import SOCKET_DIR_ENV, socket_path
+
+_worker_server = None  # kept alive for the process's life: its C++ threads answer while Python is blocked
 
 
 def init_distributed(backend: str = "auto") -> tuple[torch.device, str]:
@@ -24,7 +29,29 @@ def init_distributed(backend: str = "auto") -> tuple[torch.device, str]:
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
+    serve_flight_record()
     return device, backend
+
+
+def serve_flight_record() -> None:
+    """Serve torch's worker server on this rank's socket in the launch's directory (`A4RAY_FR_SOCKETS`, set by
+    the node actor): its `fr_trace_json` handler hands the node actor this rank's flight record on a hang,
+    even while this rank's Python is blocked inside a collective (the handler is C++), on gloo as on NCCL."""
+    global _worker_server
+    directory = os.environ.get(SOCKET_DIR_ENV)
+    if not directory or _worker_server is not None:
+        return
+    from torch._C._distributed_c10d import _WorkerServer
+
+    path = socket_path(directory, os.environ.get("RANK", "0"))
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    try:
+        _worker_server = _WorkerServer(path)
+    except RuntimeError as e:  # forensics are an aid: a rank trains without them
+        print(f"a4ray: flight record not served on {path}: {e}", file=sys.stderr, flush=True)
 
 
 def exit_distributed(code: int) -> NoReturn:

@@ -40,6 +40,7 @@ from a4ray.core.errors import (
     GangTimeout,
     GangUnplaceable,
 )
+from a4ray.observe.verdicts import NodeRef
 from a4ray.runtime.launch import GangResult, Launch, NodeContext, NodeResult, Peer
 from a4ray.runtime.node_actor import LaunchRequest, NodeActor, NodeRun
 from a4ray.runtime.simulated import SIMULATED_LABEL
@@ -214,7 +215,7 @@ class Gang:
                                                                  else "hang")
         wheres = [self.nodes[g].describe(self.cluster.topology) for g in members]
         supervisor = Supervisor(
-            actors, members, wheres, launches, timeout_s, observe=self.spec.observe, observers=self.observers,
+            actors, members, wheres, [self.node_ref(g) for g in members], launches, timeout_s, observe=self.spec.observe, observers=self.observers,
             stop=self._stop, hang_dir=hang_dir, tags=(self.spec.name, self.run_id))
         outcome = supervisor.watch()
         result = self._collect(members, outcome, time.monotonic() - t0, log_dir, launch_id)
@@ -261,8 +262,14 @@ class Gang:
             failure_kind=None if ok else ("failed" if outcome.kind == "done" else outcome.kind),
             failed_node=None if outcome.failed_node is None else members[outcome.failed_node],
             iterations_seen=outcome.iterations_seen, last_iteration=outcome.last_iteration,
-            hang_report=outcome.hang_report,
+            hang_report=outcome.hang_report, hang_verdict=outcome.hang_verdict, stragglers=outcome.stragglers,
         )
+
+    def node_ref(self, gang_rank: int) -> NodeRef:
+        """Gang node `gang_rank` as verdicts and the node history name it."""
+        facts, topology = self.nodes[gang_rank], self.cluster.topology
+        return NodeRef(node=gang_rank, host=facts.short_name(topology), hostname=facts.hostname, ip=facts.ip,
+                       location="/".join(p for p in facts.location(topology) if p))
 
     @property
     def run_id(self) -> str:

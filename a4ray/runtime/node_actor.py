@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import pickle
 import re
 import shlex
 import shutil
@@ -33,7 +34,7 @@ from pydantic import BaseModel
 
 from a4ray.core.errors import EnvScriptFailed
 from a4ray.core.redact import Redactor, secret_values
-from a4ray.observe import metrics
+from a4ray.observe import flight, metrics
 from a4ray.observe.progress import Progress, parse_progress
 from a4ray.observe.stacks import StackDump, dump_all
 from a4ray.programs.record import RESULT_MARKER  # workloads report typed results as one JSON line each
@@ -429,18 +430,58 @@ class NodeActor:
         return sorted(ranked, key=lambda rp: int(rp[0])) if ranked else python
 
     def stacks(self, timeout_s: float = 30) -> list[StackDump]:
-        """py-spy dumps of every rank process of the launch; also triggers the NCCL flight recorder."""
+        """py-spy dumps of every rank process of the launch."""
         if self._request is None:
             return []
-        for pipe in Path("/tmp", f"a4ray-fr-{self._request.launch_id}").glob("pipe_*"):
+        node = self._request.node_rank
+        return dump_all([(rank, node, pid) for rank, pid in self.rank_processes()], timeout_s)
+
+    def flight_records(self, timeout_s: float = 10) -> dict[int, dict | str]:
+        """Every rank's flight record (global rank -> the record, or why there is none), each also written to
+        `<log dir>/flight-recorder/`: NCCL's, dumped by writing to each rank's debug pipe (or already dumped
+        by its timeout); a4ray's programs', asked of their worker servers (see `observe.flight`)."""
+        request = self._request
+        if request is None or not request.flight_recorder:
+            return {}
+        out_dir = Path(request.log_dir) / "flight-recorder"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        pipes = list(_fr_dir(request).glob("pipe_*"))
+        for pipe in pipes:
             try:  # writing to a rank's debug-info pipe makes it dump its NCCL flight recorder
                 fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
                 os.write(fd, b"1")
                 os.close(fd)
             except OSError:
                 pass
-        node = self._request.node_rank
-        return dump_all([(rank, node, pid) for rank, pid in self.rank_processes()], timeout_s)
+        ranks = [int(rank) for rank, _ in self.rank_processes() if rank.isdigit()]
+        found: dict[int, dict | str] = {}
+
+        def ask(rank: int) -> tuple[int, dict | str]:
+            path = flight.socket_path(str(_fr_dir(request)), rank)
+            if not os.path.exists(path):
+                return rank, "no flight-record server (not an a4ray program)"
+            try:
+                record = flight.fetch_json(path, timeout_s)
+            except (OSError, ValueError) as e:
+                return rank, f"its flight-record server did not answer ({type(e).__name__}: {e})"
+            (out_dir / f"rank_{rank}.json").write_text(json.dumps(record))
+            return rank, record
+
+        if ranks:
+            with ThreadPoolExecutor(min(16, len(ranks))) as pool:
+                found.update(pool.map(ask, ranks))
+        deadline = time.monotonic() + (5 if pipes else 0)  # the NCCL watchdog dumps within its poll period
+        while True:
+            for path in out_dir.glob("nccl_trace_rank_*"):
+                rank = int(path.name.rsplit("_", 1)[1]) if path.name.rsplit("_", 1)[1].isdigit() else None
+                if rank is not None and not isinstance(found.get(rank), dict):
+                    try:
+                        found[rank] = flight.read_dump(path)
+                    except (OSError, EOFError, pickle.UnpicklingError):
+                        pass  # being written: the next pass reads it
+            if time.monotonic() >= deadline or all(isinstance(found.get(r), dict) for r in ranks):
+                return found
+            time.sleep(0.5)
 
     def call(self, fn, *args, **kwargs):
         """Run `fn(*args, **kwargs)` on this node (preflight checks, probes) and return its result."""
@@ -518,7 +559,7 @@ def _with_a4ray_on_path(pythonpath: str | None) -> str:
 
 def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
     """PyTorch's NCCL flight recorder: kept on, dumped on an NCCL timeout or when its pipe is written."""
-    pipes = Path("/tmp") / f"a4ray-fr-{request.launch_id}"  # named pipes need a local filesystem
+    pipes = _fr_dir(request)
     pipes.mkdir(parents=True, exist_ok=True)
     # TORCH_FR_* are PyTorch >= 2.7's names (the TORCH_NCCL_* ones they replace still work there).
     return {
@@ -526,7 +567,14 @@ def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_FR_DUMP_TEMP_FILE": f"{request.log_dir}/flight-recorder/nccl_trace_rank_",
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{pipes}/pipe_",
+        flight.SOCKET_DIR_ENV: str(pipes),  # a4ray's programs serve their record there (rank_<RANK>.sock)
     }
+
+
+def _fr_dir(request: LaunchRequest) -> Path:
+    """The launch's debug pipes and worker-server sockets: named pipes and sockets need a local filesystem,
+    and a socket's path must stay short (108 bytes)."""
+    return Path("/tmp") / f"a4ray-fr-{request.launch_id}"
 
 
 # A variable set under either name is the user's choice.

@@ -21,6 +21,7 @@ import ray
 from a4ray.core.console import say
 from a4ray.observe import hang, metrics
 from a4ray.observe.progress import Progress, progress_summary
+from a4ray.observe.verdicts import HangVerdict, NodeRef, Straggler
 from a4ray.runtime.launch import Launch
 from a4ray.runtime.node_actor import Line, Poll
 from a4ray.spec.resilience import ObserveSpec
@@ -48,22 +49,26 @@ class Outcome:
         self.iterations_seen = 0
         self.last_iteration: int | None = None
         self.hang_report: str | None = None
+        self.hang_verdict: HangVerdict | None = None
+        self.stragglers: list[Straggler] = []
 
 
 class Supervisor:
     """Streams every node's lines to the driver and ends the launch on the first failure.
 
     `actors`: the launch's node actors, in launch-rank order; `members`: their gang ranks; `wheres`: how
-    each node is described in messages; `stop(gang_ranks)` stops nodes' process trees (the gang's);
-    `hang_dir`: where a hang report goes; `tags`: the job and run, for metrics.
+    each node is described in messages; `nodes`: who each node is (host, IP, block) in verdicts;
+    `stop(gang_ranks)` stops nodes' process trees (the gang's); `hang_dir`: where a hang report goes;
+    `tags`: the job and run, for metrics.
     """
 
-    def __init__(self, actors: list, members: list[int], wheres: list[str], launches: list[Launch],
+    def __init__(self, actors: list, members: list[int], wheres: list[str], nodes: list[NodeRef], launches: list[Launch],
                  timeout_s: float | None, *, observe: ObserveSpec, observers: list[LineObserver],
                  stop: Callable[[list[int]], None], hang_dir: Path, tags: tuple[str, str]):
         self.actors = actors
         self.members = members
         self.wheres = wheres
+        self.nodes = nodes
         self.nproc = [launch.nproc for launch in launches]
         self.standby = {rank for rank, launch in enumerate(launches) if launch.standby}
         self.deadline = time.monotonic() + timeout_s if timeout_s else None
@@ -117,11 +122,15 @@ class Supervisor:
 
     def _on_hang(self, why: str) -> None:
         metrics.record_hang(*self.tags)
-        summary = hang.report(why, self.actors, self.members, self.hang_dir, py_spy=self.observe.watchdog.py_spy)
+        w = self.observe.watchdog
+        summary, verdict = hang.report(why, self.actors, self.nodes, self.nproc, self.hang_dir, py_spy=w.py_spy,
+                                       flight_recorder=w.flight_recorder)
+        for culprit in {c.node.node: c for c in verdict.culprits}.values():
+            metrics.record_culprit(*self.tags, culprit.node)
         out = self.outcome
-        out.kind, out.hang_report = "hang", str(self.hang_dir)
-        out.message = f"the launch hung: {why}; {summary}"
-        out.hint = f"stack dumps of every rank are in {self.hang_dir}"
+        out.kind, out.hang_report, out.hang_verdict = "hang", str(self.hang_dir), verdict
+        out.message = f"the launch hung: {why}; {verdict.line()}; {summary}"
+        out.hint = f"stack dumps and the verdict are in {self.hang_dir}, flight records under the logs' flight-recorder/"
 
     def watch(self) -> Outcome:
         out = self.outcome
