@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
+import ray
 from conftest import job
 
+from a4ray.cli import main as cli_main
 from a4ray.core.errors import GangHang
+from a4ray.core.node_history import NodeHistory
+from a4ray.driver.execute import run
 from a4ray.runtime.gang import Gang
 from a4ray.workloads.generic import Command
 
@@ -78,3 +85,67 @@ def test_a_hang_in_a_users_program_names_the_rank_from_the_stacks(local_cluster,
     assert verdict.collective is None and verdict.waiting == [0, 1, 2]
     assert verdict.evidence[0].startswith("stacks of rank(s) 0-3 (no flight record: no flight-record server")
     assert re.search(r"culprit: rank 3 on node 1 \(\S+, 127\.0\.0\.\d+", message), message
+
+
+# Attempt 0 runs until its node is killed; a later attempt finishes. Each rank says where it ran.
+ONE_ATTEMPT_DIES = """
+import os, pathlib, sys, time
+out = pathlib.Path(sys.argv[1])
+attempt = os.environ["A4RAY_ATTEMPT"]
+(out / f"attempt{attempt}-node{os.environ['GROUP_RANK']}").write_text(str(os.getpid()))
+while attempt == "0":
+    time.sleep(0.2)
+"""
+
+
+def _kill_node_actor_of(pid_file: Path, within_s: float = 60) -> None:
+    """SIGKILL the node actor (the Ray worker) above the rank whose pid `pid_file` holds: the node stays in
+    the cluster, its gang member is lost."""
+    deadline = time.monotonic() + within_s
+    while not pid_file.is_file() or not pid_file.read_text():
+        assert time.monotonic() < deadline, f"{pid_file} never written"
+        time.sleep(0.1)
+    proc = psutil.Process(int(pid_file.read_text()))
+    actor = next(p for p in proc.parents() if "NodeActor" in " ".join(p.cmdline()))
+    actor.kill()
+
+
+def _attempt_after_a_lost_node(tmp_path: Path, nodes: int, capfd):
+    out = tmp_path / "where"
+    out.mkdir()
+    script = tmp_path / "dies.py"
+    script.write_text(ONE_ATTEMPT_DIES)
+    spec = job("command", f"cluster.nodes={nodes}", "cluster.gpus_per_node=1", "command.torchrun=true",
+               f"command.argv=[{script}, {out}]", "restart.max_restarts=1", "restart.backoff_s=0", workspace=tmp_path)
+    killer = threading.Thread(target=_kill_node_actor_of, args=(out / "attempt0-node1",), daemon=True)
+    killer.start()
+    result = run(spec)
+    killer.join(timeout=5)
+    return result, capfd.readouterr().out
+
+
+def test_the_retry_keeps_off_the_node_that_was_lost(local_cluster, tmp_path, capfd):
+    """3 nodes, a 2-node gang, node 1's actor killed: attempt 1 runs on the other two and says which it avoided;
+    the workspace's node history records the loss, and `a4ray nodes forget` clears it."""
+    result, out = _attempt_after_a_lost_node(tmp_path, 2, capfd)
+    assert result.ok and result.gang.attempt == 1, result.verdict
+    host = re.search(r"node 1 \(\S+ \([\d.]+, \S+/(sim-host-\d+)\)\) was lost", out).group(1)
+    assert re.search(rf"keeping off {host} \({host}: node 1 \([\d.]+\) was lost in launch \S+\); 2 other node\(s\) "
+                     r"fit, the gang needs 2", out), out
+    assert host not in {n.host for n in result.gang.nodes}
+    history = NodeHistory(Path(result.gang.log_dir).parents[2])
+    events = history.events(host)
+    assert [e.event for e in events] == ["lost"] and events[0].run == Path(result.gang.log_dir).parent.name
+    assert cli_main(["nodes", "--workspace", str(history.dir.parent)]) == 0
+    assert f"{host}: 1 lost" in capfd.readouterr().out
+    assert cli_main(["nodes", "forget", host, "--workspace", str(history.dir.parent)]) == 0
+    assert history.events(host) == []
+
+
+def test_the_retry_says_when_it_cannot_keep_off_the_lost_node(local_cluster, tmp_path, capfd):
+    """A gang as large as the cluster (3 of 3 nodes): the retry cannot avoid the node, says so and what it does."""
+    result, out = _attempt_after_a_lost_node(tmp_path, 3, capfd)
+    assert result.ok and result.gang.attempt == 1, result.verdict
+    assert re.search(r"cannot keep off (\S+) \(.*\): only 2 other node\(s\) fit and the gang needs 3, and nothing "
+                     r"can add nodes to a cluster of simulated nodes .*; placing the gang on the nodes there are, "
+                     r"that one included", out), out

@@ -68,6 +68,7 @@ class NodeResult(BaseModel):
     ip: str
     node_id: str
     location: str
+    host: str = ""  # the machine, as the topology's host label names it (else the hostname)
     status: Literal["succeeded", "failed", "stopped", "lost", "not-started", "standby"]
     exit_code: int | None = None
     duration_s: float | None = None
