@@ -15,6 +15,7 @@ import pytest
 import ray
 from conftest import job
 
+from a4ray import api
 from a4ray.cli import main as cli_main
 from a4ray.core.errors import GangHang
 from a4ray.core.node_history import NodeHistory
@@ -136,6 +137,7 @@ def test_the_retry_keeps_off_the_node_that_was_lost(local_cluster, tmp_path, cap
     history = NodeHistory(Path(result.gang.log_dir).parents[2])
     events = history.events(host)
     assert [e.event for e in events] == ["lost"] and events[0].run == Path(result.gang.log_dir).parent.name
+    assert [e.event for e in api.nodes(history.dir.parent)[host]] == ["lost"]
     assert cli_main(["nodes", "--workspace", str(history.dir.parent)]) == 0
     assert f"{host}: 1 lost" in capfd.readouterr().out
     assert cli_main(["nodes", "forget", host, "--workspace", str(history.dir.parent)]) == 0
