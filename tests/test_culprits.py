@@ -4,6 +4,7 @@ the next attempt kept off the node that failed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -20,6 +21,7 @@ from a4ray.cli import main as cli_main
 from a4ray.core.errors import GangHang
 from a4ray.core.node_history import NodeHistory
 from a4ray.driver.execute import run
+from a4ray.staging.standins import make_all
 from a4ray.runtime.gang import Gang
 from a4ray.workloads.generic import Command
 
@@ -151,3 +153,73 @@ def test_the_retry_says_when_it_cannot_keep_off_the_lost_node(local_cluster, tmp
     assert re.search(r"cannot keep off (\S+) \(.*\): only 2 other node\(s\) fit and the gang needs 3, and nothing "
                      r"can add nodes to a cluster of simulated nodes .*; placing the gang on the nodes there are, "
                      r"that one included", out), out
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory):
+    return make_all(tmp_path_factory.mktemp("standins"))
+
+
+def _slow_down(marker: str, node: int, stop: threading.Event, stopped_s: float = 0.04, period_s: float = 0.05) -> None:
+    """Make node `node`'s ranks slower from outside: SIGSTOP / SIGCONT at a duty cycle (a throttled GPU, a noisy
+    neighbour), until `stop` is set. The running slot is shorter than a step's compute (~20 ms here), so every
+    step is slowed: with a longer one, a rank resumed at the end of a collective computes inside it, unslowed."""
+    ranks: list[psutil.Process] = []
+    while not stop.is_set():
+        if not ranks:
+            for proc in psutil.process_iter(["cmdline"]):
+                with contextlib.suppress(psutil.Error):
+                    cmd = " ".join(proc.info["cmdline"] or [])
+                    if marker in cmd and "a4ray.mcore" in cmd and "a4ray.runtime.ranks" not in cmd \
+                            and proc.environ().get("GROUP_RANK") == str(node):
+                        ranks.append(proc)
+        for proc in list(ranks):
+            try:
+                proc.suspend()
+            except psutil.Error:
+                ranks.remove(proc)
+        time.sleep(stopped_s)
+        for proc in ranks:
+            with contextlib.suppress(psutil.Error):
+                proc.resume()
+        time.sleep(period_s - stopped_s)
+
+
+def _megatron_on_three_nodes(tmp_path: Path, standins: dict, slow_node: int | None):
+    save = tmp_path / "save"
+    spec = job("command", "cluster.nodes=3", "cluster.gpus_per_node=1", "command.torchrun=true", "command.argv=[x]",
+               "observe.straggler.threshold=0.5", "observe.straggler.windows=2", workspace=tmp_path)
+    spec = spec.set("command.argv", [
+        "-m", "a4ray.mcore", "--model", str(standins["qwen3-moe-tiny"]), "--save", str(save), "--data-path",
+        str(standins["qwen-datasets"] / "mmap_qwen3_datasets_text_document"), "--seq-length", "32",
+        "--global-batch-size", "3", "--train-iters", "24", "--log-interval", "4", "--save-interval", "1000",
+        "--distributed-optimizer", "off", "--naming", "local", "--threads", "1"])
+    stop = threading.Event()
+    slower = threading.Thread(target=_slow_down, args=(str(save), slow_node, stop), daemon=True)
+    if slow_node is not None:
+        slower.start()
+    try:
+        result = run(spec)
+    finally:
+        stop.set()
+    if slow_node is not None:
+        slower.join(timeout=5)
+    assert result.ok, result.verdict
+    return result
+
+
+def test_a_node_made_slower_is_flagged_a_straggler_and_an_even_gang_flags_none(local_cluster, tmp_path, standins,
+                                                                               capfd):
+    result = _megatron_on_three_nodes(tmp_path / "slow", standins, slow_node=2)
+    out = capfd.readouterr().out
+    flagged = result.gang.stragglers
+    assert [s.node.node for s in flagged] == [2], out[-4000:]
+    node2 = next(n for n in result.gang.nodes if n.gang_rank == 2)
+    assert flagged[0].node.host == node2.host and flagged[0].slower_pct > 50
+    assert re.search(rf"a4ray: straggler: node 2 \({node2.host}, [\d.]+, \S+\) computes \d+% slower than the gang's "
+                     r"median \(\S+s vs \S+s per step\) for 2 window\(s\)", out)
+    events = NodeHistory(tmp_path / "slow").events(node2.host)
+    assert [e.event for e in events] == ["straggler"]
+
+    even = _megatron_on_three_nodes(tmp_path / "even", standins, slow_node=None)
+    assert even.gang.stragglers == [] and "straggler:" not in capfd.readouterr().out

@@ -37,6 +37,7 @@ from a4ray.core.redact import Redactor, secret_values
 from a4ray.observe import flight, metrics
 from a4ray.observe.progress import Progress, parse_progress
 from a4ray.observe.stacks import StackDump, dump_all
+from a4ray.observe.straggler import COMPUTE_MARKER, ComputeWindow
 from a4ray.programs.record import RESULT_MARKER  # workloads report typed results as one JSON line each
 from a4ray.runtime.netenv import EnvLayer, build_env, gib_layer, source_script
 from a4ray.runtime.process import ManagedProcess, launch_processes
@@ -55,6 +56,7 @@ class Line(BaseModel):
     text: str
     local_rank: int | None = None
     progress: Progress | None = None  # set on iteration lines
+    compute: ComputeWindow | None = None  # set on a window of every rank's compute time (the straggler check)
 
 
 class LaunchRequest(BaseModel):
@@ -110,10 +112,12 @@ class _Output:
         self._lines: collections.deque[Line] = collections.deque(maxlen=maxlen)
         self._seq = 0
 
-    def append(self, text: str, local_rank: int | None = None, progress: Progress | None = None) -> None:
+    def append(self, text: str, local_rank: int | None = None, progress: Progress | None = None,
+               compute: ComputeWindow | None = None) -> None:
         with self._cond:
             self._seq += 1
-            self._lines.append(Line(seq=self._seq, text=text, local_rank=local_rank, progress=progress))
+            self._lines.append(Line(seq=self._seq, text=text, local_rank=local_rank, progress=progress,
+                                    compute=compute))
             self._cond.notify_all()
 
     def wake(self) -> None:
@@ -301,8 +305,9 @@ class NodeActor:
                 self._records.append(json.loads(body[len(RESULT_MARKER):]))
             except json.JSONDecodeError:
                 pass
+        compute = ComputeWindow.parse(body) if body.startswith(COMPUTE_MARKER) else None
         self._write_logs(text, body, local_rank)
-        self._output.append(body, local_rank, progress)
+        self._output.append(body, local_rank, progress, compute)
 
     def _record(self, progress: Progress, local_rank: int | None) -> None:
         request = self._request

@@ -21,6 +21,7 @@ import ray
 from a4ray.core.console import say
 from a4ray.observe import hang, metrics
 from a4ray.observe.progress import Progress, progress_summary
+from a4ray.observe.straggler import StragglerCheck
 from a4ray.observe.verdicts import HangVerdict, NodeRef, Straggler
 from a4ray.runtime.launch import Launch
 from a4ray.runtime.node_actor import Line, Poll
@@ -82,6 +83,7 @@ class Supervisor:
         self.rank_tails: dict[tuple[int, int], list[str]] = {}
         self.outcome = Outcome()
         self.watchdog = hang.Watchdog(observe.watchdog)
+        self.stragglers = StragglerCheck(observe.straggler, nodes, self.nproc, tags)
         self.last_summary_iteration: int | None = None
 
     def _emit(self, rank: int, poll: Poll) -> None:
@@ -91,6 +93,9 @@ class Supervisor:
                 f"they are in the node log")
         tail = self.outcome.tails.setdefault(rank, [])
         for line in poll.lines:
+            if line.compute is not None:  # a window of every rank's compute time: judged, kept in the logs
+                self.outcome.stragglers += self.stragglers.window(line.compute)
+                continue
             if line.local_rank is not None:
                 print(f"[n{node} r{rank * self.nproc[rank] + line.local_rank}] {line.text}", flush=True)
                 rank_tail = self.rank_tails.setdefault((rank, line.local_rank), [])
