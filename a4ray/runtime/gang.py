@@ -251,7 +251,8 @@ class Gang:
         wheres = [self.nodes[g].describe(self.cluster.topology) for g in members]
         supervisor = Supervisor(
             actors, members, wheres, [self.node_ref(g) for g in members], launches, timeout_s, observe=self.spec.observe, observers=self.observers,
-            stop=self._stop, hang_dir=hang_dir, tags=(self.spec.name, self.run_id))
+            stop=self._stop, hang_dir=hang_dir, tags=(self.spec.name, self.run_id),
+            records_dir=Path(log_dir) / "flight-recorder")
         outcome = supervisor.watch()
         result = self._collect(members, outcome, time.monotonic() - t0, log_dir, launch_id)
         if not result.ok:

@@ -9,6 +9,7 @@ gang rank, used in what is printed so a node keeps one name across launches.
 
 from __future__ import annotations
 
+import pickle
 import re
 import signal
 import time
@@ -19,7 +20,7 @@ from typing import Literal
 import ray
 
 from a4ray.core.console import say
-from a4ray.observe import hang, metrics
+from a4ray.observe import flight, hang, metrics
 from a4ray.observe.progress import Progress, progress_summary
 from a4ray.observe.straggler import StragglerCheck
 from a4ray.observe.verdicts import HangVerdict, NodeRef, Straggler
@@ -32,6 +33,7 @@ LAST_LINES = 20
 # answers this often, which costs the driver ~1.5 ms of CPU a time: every second, that was most of a core
 # at 512 nodes. The supervisor checks deadlines and hangs every second whatever the polls do.
 POLL_WAIT_S = 5.0
+NCCL_TIMEOUT = "Watchdog caught collective operation timeout"  # ProcessGroupNCCL's, before it dumps and aborts
 _LOST_CHECK_S = 10.0  # after a node fails: how long its peers have to show they are alive
 
 LineObserver = Callable[[int, Line], None]
@@ -65,7 +67,7 @@ class Supervisor:
 
     def __init__(self, actors: list, members: list[int], wheres: list[str], nodes: list[NodeRef], launches: list[Launch],
                  timeout_s: float | None, *, observe: ObserveSpec, observers: list[LineObserver],
-                 stop: Callable[[list[int]], None], hang_dir: Path, tags: tuple[str, str]):
+                 stop: Callable[[list[int]], None], hang_dir: Path, tags: tuple[str, str], records_dir: Path):
         self.actors = actors
         self.members = members
         self.wheres = wheres
@@ -78,6 +80,7 @@ class Supervisor:
         self.observers = observers
         self.stop = stop
         self.hang_dir = hang_dir
+        self.records_dir = records_dir  # where NCCL dumps its flight records on its own timeout
         self.tags = tags
         self.cursors = {rank: 0 for rank in range(len(members))}
         self.rank_tails: dict[tuple[int, int], list[str]] = {}
@@ -210,7 +213,27 @@ class Supervisor:
             message += f"; last lines of rank {global_rank}"
         else:
             message += "; last lines"
+        if kind == "failed" and any(NCCL_TIMEOUT in line for line in tail):
+            out.hang_verdict = self._nccl_timeout_verdict()
+            if out.hang_verdict is not None:
+                message += f" (NCCL's watchdog timed out a collective; {out.hang_verdict.line()})"
         out.message = message + (":\n" + "\n".join(f"    {t}" for t in tail[-LAST_LINES:]) if tail else "")
+
+    def _nccl_timeout_verdict(self) -> HangVerdict | None:
+        """The verdict from the flight records NCCL dumped on its timeout (TORCH_NCCL_DUMP_ON_TIMEOUT), if any."""
+        time.sleep(2)  # the other ranks' watchdogs dump on the same timeout, a moment later
+        records = {}
+        for path in sorted(self.records_dir.glob("nccl_trace_rank_*")):
+            try:
+                records[int(path.name.rsplit("_", 1)[1])] = flight.read_dump(path)
+            except (OSError, ValueError, EOFError, pickle.UnpicklingError):
+                continue
+        if not records:
+            return None
+        verdict = hang.judge(records, {}, [], self.nodes, self.nproc)
+        for culprit in {c.node.node: c for c in verdict.culprits}.values():
+            metrics.record_culprit(*self.tags, culprit.node)
+        return verdict
 
     def _finish(self, pending: dict) -> Outcome:
         """Stop every still-running node, then drain the lines they printed while stopping."""
