@@ -80,15 +80,24 @@ class Match(BaseModel):
     note: str = ""
 
 
-def _members(dump: dict, group: str, world: list[int]) -> list[int]:
-    config = dump.get("pg_config") or {}
-    entry = config.get(group)
-    if entry is None and len(config) == 1 and group == "0":  # gloo's default group is keyed "" there
-        entry = next(iter(config.values()))
-    if entry is not None:
-        ranks = entry.get("ranks")
-        return sorted(ast.literal_eval(ranks) if isinstance(ranks, str) else ranks)
-    return world if group == "0" else []
+def _members(records: dict[int, dict], group: str, world: list[int]) -> list[int]:
+    """The group's global ranks: from pg_config where the record has them (NCCL's). gloo's records list none
+    (`"ranks": "[]"`): then the ranks whose records show the group, and every rank without a record (which may
+    be a member: only its stack can tell); the default group ("0") is the whole launch."""
+    for record in records.values():
+        config = record.get("pg_config") or {}
+        entry = config.get(group)
+        if entry is None and group == "0" and len(config) == 1:  # gloo's default group is keyed "" there
+            entry = next(iter(config.values()))
+        ranks = (entry or {}).get("ranks")
+        ranks = ast.literal_eval(ranks) if isinstance(ranks, str) else ranks
+        if ranks:
+            return sorted(ranks)
+    if group == "0":
+        return world
+    showing = {r for r, record in records.items()
+               if any(str((e.get("process_group") or [""])[0]) == group for e in record.get("entries") or [])}
+    return sorted(showing | (set(world) - set(records)))
 
 
 def _done(entry: dict) -> bool:
@@ -119,8 +128,7 @@ def match(records: dict[int, dict], world: list[int]) -> Match:
                      "the flight recorder saw" + torch_note)
     # The group blocked longest: its lowest open collective (a rank waits there for the others).
     seq, group, entry = min(stuck, key=lambda s: (s[0], s[1]))
-    a_record = next(records[r] for r in groups[group])
-    members = _members(a_record, group, world)
+    members = _members(records, group, world)
     entered = {r: max(e["collective_seq_id"] for e in entries) for r, entries in groups[group].items()}
     waiting = sorted(r for r, entries in groups[group].items()
                      if any(e["collective_seq_id"] == seq and not _done(e) for e in entries))

@@ -153,6 +153,9 @@ def judge(records: dict[int, dict], unanswered: dict[int, str], dumps: list[Stac
             inside = [r for r in silent if r in running]
             if inside:
                 notes.append(f"rank(s) {ranges(inside)} gave no record but their stacks are in a collective")
+        if not named:
+            notes.append(f"every member of the group with a record or stack is inside #{m.collective.seq} or "
+                         "unjudged: a desync or the fabric, not one rank")
         for r in m.never_joined:
             if r in running:
                 notes.append(f"rank {r} waits in a different collective than #{m.collective.seq} (a desync)")
