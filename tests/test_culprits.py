@@ -15,6 +15,7 @@ import psutil
 import pytest
 import ray
 from conftest import job
+from test_observe import scrape
 
 from a4ray import api
 from a4ray.cli import main as cli_main
@@ -54,7 +55,7 @@ def _hang(tmp_path: Path, init: str):
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", f"command.argv=[{script}]",
                "command.torchrun=true", "observe.watchdog.no_progress_s=4", workspace=tmp_path)
     with pytest.raises(GangHang) as e:
-        with Gang(spec, log_dir=str(tmp_path / "logs"), run_dir=str(tmp_path / "run")) as gang:
+        with Gang(spec, log_dir=str(tmp_path / "logs"), run_dir=str(tmp_path / tmp_path.name)) as gang:
             gang.run(Command(spec).launch)
     result = e.value.result
     assert result.failure_kind == "hang" and result.hang_verdict is not None
@@ -77,6 +78,11 @@ def test_a_hang_names_the_rank_that_never_joined_from_its_flight_record(local_cl
     assert f"rank 3 on node 1 ({culprit.host}" in message and "never joined gloo:all_reduce #4" in message
     saved = json.loads((Path(result.hang_report) / "verdict.json").read_text())
     assert saved["culprits"][0]["rank"] == 3
+    deadline, counted = time.monotonic() + 60, []
+    while time.monotonic() < deadline and not counted:
+        counted = scrape(rf'^ray_a4ray_hang_culprit_total\{{.*run="{tmp_path.name}"')
+        time.sleep(1)
+    assert len(counted) == 1 and 'node="1"' in counted[0] and f'host="{culprit.host}"' in counted[0], counted
 
 
 def test_a_hang_in_a_users_program_names_the_rank_from_the_stacks(local_cluster, tmp_path):
@@ -220,6 +226,16 @@ def test_a_node_made_slower_is_flagged_a_straggler_and_an_even_gang_flags_none(l
                      r"median \(\S+s vs \S+s per step\) for 2 window\(s\)", out)
     events = NodeHistory(tmp_path / "slow").events(node2.host)
     assert [e.event for e in events] == ["straggler"]
+    # The per-node series, as the dashboard reads them from Prometheus (every node's, every window).
+    run_id = Path(result.gang.log_dir).parent.name
+    deadline, flags = time.monotonic() + 60, []
+    while time.monotonic() < deadline and len(flags) < 3:
+        flags = scrape(rf'^ray_a4ray_node_straggler\{{.*run="{run_id}"')
+        time.sleep(1)
+    assert len(flags) == 3, flags
+    assert all(line.endswith((" 1.0", " 1")) == (f'node="2"' in line) for line in flags), flags
+    assert any(f'host="{node2.host}"' in line for line in flags)
+    assert len(scrape(rf'^ray_a4ray_node_step_time_seconds\{{.*run="{run_id}"')) == 3
 
     even = _megatron_on_three_nodes(tmp_path / "even", standins, slow_node=None)
     assert even.gang.stragglers == [] and "straggler:" not in capfd.readouterr().out
