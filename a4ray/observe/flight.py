@@ -10,10 +10,11 @@ Getting a rank's record (on its node, by the node actor):
     in a collective. torch 2.13 records gloo collectives (`gloo:all_reduce`, collective_seq_id 1, 2, ...).
   * a user's program on gloo serves nothing: its stacks are the evidence (`hang.py`).
 
-Matching: torch's own analyzer (`torch.distributed.flight_recorder.components.builder.build_db`) is tried
-first; on gloo's default group it fails (KeyError: the entries name the group "0"/"default_pg", its
-pg_config names it ""), so a4ray matches collective_seq_id per process group itself: in a group whose
-collective #S some rank entered and did not finish, the members that never entered #S are the culprits.
+Matching: a4ray matches collective_seq_id per process group itself: in a group whose collective #S some
+rank entered and did not finish, the members that never entered #S are the culprits. torch's own analyzer
+(`torch.distributed.flight_recorder.components.builder.build_db`) is run over the same records, and where it
+refuses them the verdict says so: on gloo's it raises KeyError (the entries name the default group
+"0"/"default_pg", its pg_config names it "", with no member ranks), so it cannot be the one that decides.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ def report(why: str, actors: list, nodes: list[NodeRef], nproc: list[int], repor
     records: dict[int, dict] = {}
     unanswered: dict[int, str] = {}
     if flight_recorder:
-        for node, answer in zip(nodes, _ask(actors, nodes, lambda a: a.flight_records.remote())):
+        for answer in _ask(actors, nodes, lambda a: a.flight_records.remote()):
             for rank, record in (answer or {}).items():
                 if isinstance(record, dict):
                     records[int(rank)] = record

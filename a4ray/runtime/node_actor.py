@@ -392,6 +392,8 @@ class NodeActor:
         p = self._process
         if p is not None:
             p.wait(timeout=30)
+        if self._request is not None and not self._running():  # the records were taken, if a hang wanted them
+            shutil.rmtree(_fr_dir(self._request), ignore_errors=True)
         standby = self._request is not None and not self._request.argv
         return NodeRun(
             exit_code=p.returncode if p else None,
