@@ -77,11 +77,13 @@ class Match(BaseModel):
     waiting: list[int] = []
     never_joined: list[int] = []
     missing: list[int] = []  # members of the stuck group with no record
+    members: list[int] = []  # of the stuck group
+    members_known: bool = False  # from the records' pg_config (NCCL's) or the default group, not inferred
     analyzer: str = ""
     note: str = ""
 
 
-def _members(records: dict[int, dict], group: str, world: list[int]) -> list[int]:
+def _members(records: dict[int, dict], group: str, world: list[int]) -> tuple[list[int], bool]:
     """The group's global ranks: from pg_config where the record has them (NCCL's). gloo's records list none
     (`"ranks": "[]"`): then the ranks whose records show the group, and every rank without a record (which may
     be a member: only its stack can tell); the default group ("0") is the whole launch."""
@@ -93,12 +95,12 @@ def _members(records: dict[int, dict], group: str, world: list[int]) -> list[int
         ranks = (entry or {}).get("ranks")
         ranks = ast.literal_eval(ranks) if isinstance(ranks, str) else ranks
         if ranks:
-            return sorted(ranks)
+            return sorted(ranks), True
     if group == "0":
-        return world
+        return world, True
     showing = {r for r, record in records.items()
                if any(str((e.get("process_group") or [""])[0]) == group for e in record.get("entries") or [])}
-    return sorted(showing | (set(world) - set(records)))
+    return sorted(showing | (set(world) - set(records))), False
 
 
 def _done(entry: dict) -> bool:
@@ -129,8 +131,11 @@ def match(records: dict[int, dict], world: list[int]) -> Match:
                      "the flight recorder saw" + torch_note)
     # The group blocked longest: its lowest open collective (a rank waits there for the others).
     seq, group, entry = min(stuck, key=lambda s: (s[0], s[1]))
-    members = _members(records, group, world)
-    entered = {r: max(e["collective_seq_id"] for e in entries) for r, entries in groups[group].items()}
+    members, known = _members(records, group, world)
+    # The last collective each rank entered in the group: its entries', or its pg_status' where the ring buffer
+    # (TORCH_FR_BUFFER_SIZE entries) no longer holds the group's entries.
+    entered = {r: max([e["collective_seq_id"] for e in groups[group].get(r, [])] + [_last_enqueued(records[r], group)])
+               for r in records}
     waiting = sorted(r for r, entries in groups[group].items()
                      if any(e["collective_seq_id"] == seq and not _done(e) for e in entries))
     never = sorted(r for r in members if r in records and entered.get(r, 0) < seq)
@@ -138,9 +143,16 @@ def match(records: dict[int, dict], world: list[int]) -> Match:
     collective = Collective(group=group, group_desc="" if desc == "default_pg" else desc, seq=seq,
                             op=entry.get("profiling_name", ""), input_sizes=entry.get("input_sizes") or [],
                             output_sizes=entry.get("output_sizes") or [])
-    return Match(collective=collective, waiting=waiting, never_joined=never,
+    return Match(collective=collective, waiting=waiting, never_joined=never, members=members, members_known=known,
                  missing=sorted(r for r in members if r not in records), analyzer="a4ray (collective_seq_id per "
                  "process group)", note=torch_note.lstrip("; "))
+
+
+def _last_enqueued(record: dict, group: str) -> int:
+    try:
+        return int((record.get("pg_status") or {}).get(group, {}).get("last_enqueued_collective", 0))
+    except (TypeError, ValueError, AttributeError):
+        return 0
 
 
 def _torch_analyzer(records: dict[int, dict]) -> str:

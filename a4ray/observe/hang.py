@@ -144,7 +144,8 @@ def judge(records: dict[int, dict], unanswered: dict[int, str], dumps: list[Stac
             named += [culprit(r, "") for r in off]
             if off:
                 evidence.append(f"stacks of rank(s) {ranges(off)}")
-            if unknown and not m.never_joined and not off and set(m.waiting) >= set(records):
+            answered = set(records) & set(m.members)
+            if unknown and m.members_known and not m.never_joined and not off and set(m.waiting) >= answered:
                 named += [culprit(r, "did not answer") for r in unknown]
                 notes.append(f"rank(s) {ranges(unknown)} answered neither flight record nor stack dump, while "
                              f"every other member waits inside the collective")
