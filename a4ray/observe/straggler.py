@@ -8,6 +8,9 @@ row is flagged: a progress line naming node, host and how much slower, the `a4ra
 the launch's `stragglers` (so the run record and the node history). Every window sets every node's
 `a4ray_node_step_time_seconds` and `a4ray_node_straggler`, so their series exist from the first window.
 
+megatron-core's `StragglerDetector` (megatron.core.utils) does not fit: it times whole steps (waits
+included, so the slow rank looks fastest), needs CUDA events, and reports the min/max ranks, not a node.
+
 Pai and ms-swift run Megatron-LM's own loop, which prints no per-rank compute time (its `--log-straggler`
 reports only min/max ranks of the whole step, waits included): the check is off for those trainers.
 """
