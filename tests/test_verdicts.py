@@ -28,7 +28,7 @@ def test_every_record_names_the_rank_that_never_entered_the_collective():
     assert m.members_known and "torch's analyzer refused these records (KeyError" in m.note
     verdict = judge(RECORDS, {}, [], NODES, NPROC)
     assert [(c.rank, c.node.host) for c in verdict.culprits] == [(3, "sim-host-002")]
-    assert verdict.line().startswith("culprit: rank 3 on node 1 (sim-host-002, 127.0.0.3) [not in the collective] "
+    assert verdict.line().startswith("culprit: rank 3 on node 1 (sim-host-002, 127.0.0.3) "
                                      "never joined gloo:all_reduce #4 of process group default, sizes [[4]]")
 
 

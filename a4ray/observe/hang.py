@@ -133,7 +133,7 @@ def judge(records: dict[int, dict], unanswered: dict[int, str], dumps: list[Stac
         evidence = [f"flight recorder of rank(s) {ranges(sorted(records))}"]
         if m.collective is None:
             return HangVerdict(evidence=evidence, analyzer=m.analyzer, waiting=running, note=m.note)
-        named = [culprit(r, "not in the collective") for r in m.never_joined]
+        named = [culprit(r, "") for r in m.never_joined]
         notes = [m.note] if m.note else []
         silent = [r for r in m.missing if r in by_rank]
         if silent:
