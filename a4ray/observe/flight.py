@@ -31,13 +31,6 @@ from pydantic import BaseModel
 
 from a4ray.observe.verdicts import Collective
 
-SOCKET_DIR_ENV = "A4RAY_FR_SOCKETS"  # the directory of a launch's worker-server sockets: rank_<RANK>.sock
-
-
-def socket_path(directory: str, rank: int | str) -> str:
-    return f"{directory}/rank_{rank}.sock"
-
-
 class _UnixHTTP(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float):
         super().__init__("localhost", timeout=timeout)

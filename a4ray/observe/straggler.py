@@ -26,9 +26,8 @@ from pydantic import BaseModel
 from a4ray.core.console import say
 from a4ray.observe import metrics
 from a4ray.observe.verdicts import NodeRef, Straggler
+from a4ray.programs.record import COMPUTE_MARKER  # the line a rank program prints per window
 from a4ray.spec.resilience import StragglerSpec
-
-COMPUTE_MARKER = "A4RAY_COMPUTE "  # the line a rank program prints per window: {"iteration", "seconds"[rank]}
 
 
 class ComputeWindow(BaseModel):

@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from a4ray.observe.straggler import COMPUTE_MARKER
+from a4ray.programs.record import COMPUTE_MARKER
 
 
 class ComputeTimer:

@@ -11,7 +11,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from a4ray.observe.flight import SOCKET_DIR_ENV, socket_path
+from a4ray.programs.record import FR_SOCKET_DIR_ENV, fr_socket_path
 
 _worker_server = None  # kept alive for the process's life: its C++ threads answer while Python is blocked
 
@@ -38,12 +38,12 @@ def serve_flight_record() -> None:
     the node actor): its `fr_trace_json` handler hands the node actor this rank's flight record on a hang,
     even while this rank's Python is blocked inside a collective (the handler is C++), on gloo as on NCCL."""
     global _worker_server
-    directory = os.environ.get(SOCKET_DIR_ENV)
+    directory = os.environ.get(FR_SOCKET_DIR_ENV)
     if not directory or _worker_server is not None:
         return
     from torch._C._distributed_c10d import _WorkerServer
 
-    path = socket_path(directory, os.environ.get("RANK", "0"))
+    path = fr_socket_path(directory, os.environ.get("RANK", "0"))
     try:
         os.unlink(path)
     except FileNotFoundError:

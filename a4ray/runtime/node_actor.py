@@ -37,8 +37,13 @@ from a4ray.core.redact import Redactor, secret_values
 from a4ray.observe import flight, metrics
 from a4ray.observe.progress import Progress, parse_progress
 from a4ray.observe.stacks import StackDump, dump_all
-from a4ray.observe.straggler import COMPUTE_MARKER, ComputeWindow
-from a4ray.programs.record import RESULT_MARKER  # workloads report typed results as one JSON line each
+from a4ray.observe.straggler import ComputeWindow
+from a4ray.programs.record import (  # what a4ray's rank programs print and serve
+    COMPUTE_MARKER,
+    FR_SOCKET_DIR_ENV,
+    RESULT_MARKER,
+    fr_socket_path,
+)
 from a4ray.runtime.netenv import EnvLayer, build_env, gib_layer, source_script
 from a4ray.runtime.process import ManagedProcess, launch_processes
 from a4ray.runtime.topology import NodeFacts
@@ -464,7 +469,7 @@ class NodeActor:
         found: dict[int, dict | str] = {}
 
         def ask(rank: int) -> tuple[int, dict | str]:
-            path = flight.socket_path(str(_fr_dir(request)), rank)
+            path = fr_socket_path(str(_fr_dir(request)), rank)
             if not os.path.exists(path):
                 return rank, "no flight-record server (not an a4ray program)"
             try:
@@ -574,7 +579,7 @@ def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_FR_DUMP_TEMP_FILE": f"{request.log_dir}/flight-recorder/nccl_trace_rank_",
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{pipes}/pipe_",
-        flight.SOCKET_DIR_ENV: str(pipes),  # a4ray's programs serve their record there (rank_<RANK>.sock)
+        FR_SOCKET_DIR_ENV: str(pipes),  # a4ray's programs serve their record there (rank_<RANK>.sock)
     }
 
 
