@@ -194,7 +194,7 @@ def _slow_down(marker: str, node: int, stop: threading.Event, stopped_s: float =
 def _megatron_on_three_nodes(tmp_path: Path, standins: dict, slow_node: int | None):
     save = tmp_path / "save"
     spec = job("command", "cluster.nodes=3", "cluster.gpus_per_node=1", "command.torchrun=true", "command.argv=[x]",
-               "observe.straggler.threshold=0.5", "observe.straggler.windows=2", workspace=tmp_path)
+               "observe.straggler.threshold=1.0", "observe.straggler.windows=2", workspace=tmp_path)
     spec = spec.set("command.argv", [
         "-m", "a4ray.mcore", "--model", str(standins["qwen3-moe-tiny"]), "--save", str(save), "--data-path",
         str(standins["qwen-datasets"] / "mmap_qwen3_datasets_text_document"), "--seq-length", "32",
@@ -221,7 +221,7 @@ def test_a_node_made_slower_is_flagged_a_straggler_and_an_even_gang_flags_none(l
     flagged = result.gang.stragglers
     assert [s.node.node for s in flagged] == [2], out[-4000:]
     node2 = next(n for n in result.gang.nodes if n.gang_rank == 2)
-    assert flagged[0].node.host == node2.host and flagged[0].slower_pct > 50
+    assert flagged[0].node.host == node2.host and flagged[0].slower_pct > 100
     assert re.search(rf"a4ray: straggler: node 2 \({node2.host}, [\d.]+, \S+\) computes \d+% slower than the gang's "
                      r"median \(\S+s vs \S+s per step\) for 2 window\(s\)", out)
     events = NodeHistory(tmp_path / "slow").events(node2.host)
