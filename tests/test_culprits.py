@@ -23,6 +23,7 @@ from a4ray.core.errors import GangHang
 from a4ray.core.node_history import NodeHistory
 from a4ray.driver.execute import run
 from a4ray.staging.standins import make_all
+from a4ray.workloads.doctor import Doctor
 from a4ray.runtime.gang import Gang
 from a4ray.workloads.generic import Command
 
@@ -146,6 +147,12 @@ def test_the_retry_keeps_off_the_node_that_was_lost(local_cluster, tmp_path, cap
     events = history.events(host)
     assert [e.event for e in events] == ["lost"] and events[0].run == Path(result.gang.log_dir).parent.name
     assert [e.event for e in api.nodes(history.dir.parent)[host]] == ["lost"]
+    spec = job("ddp_test", "cluster.nodes=3", "cluster.gpus_per_node=1", "doctor.network=false",
+               workspace=history.dir.parent)
+    rows = {c.host: c for c in run(spec, job=Doctor(spec)).checks if c.name == "history"}
+    assert rows[host].status == "warn" and rows[host].detail.startswith("1 lost (last ")
+    assert rows[host].fix == f"`a4ray nodes forget {host}` once the node is repaired"
+    assert [r.status for h, r in rows.items() if h != host] == ["ok", "ok"]
     assert cli_main(["nodes", "--workspace", str(history.dir.parent)]) == 0
     assert f"{host}: 1 lost" in capfd.readouterr().out
     assert cli_main(["nodes", "forget", host, "--workspace", str(history.dir.parent)]) == 0
