@@ -22,6 +22,7 @@ from a4ray.cli import main as cli_main
 from a4ray.core.errors import GangHang
 from a4ray.core.node_history import NodeHistory
 from a4ray.driver.execute import run
+from a4ray.observe.verdicts import HangVerdict
 from a4ray.staging.standins import make_all
 from a4ray.workloads.doctor import Doctor
 from a4ray.runtime.gang import Gang
@@ -48,6 +49,7 @@ for it in range(1, 100):
 """
 A4RAY_INIT = "from a4ray.programs.distributed import init_distributed\ninit_distributed('gloo')"
 PLAIN_INIT = "dist.init_process_group('gloo')"
+HOST_LABEL = "cloud.google.com/gce-topology-host"  # the simulated nodes' host label, as GKE's
 
 
 def _hang(tmp_path: Path, init: str):
@@ -63,29 +65,6 @@ def _hang(tmp_path: Path, init: str):
     return result, gang, str(e.value)
 
 
-def test_a_hang_names_the_rank_that_never_joined_from_its_flight_record(local_cluster, tmp_path):
-    """a4ray's rank programs serve their flight record; the verdict rests on it and names collective #4."""
-    result, gang, message = _hang(tmp_path, A4RAY_INIT)
-    verdict = result.hang_verdict
-    assert [c.rank for c in verdict.culprits] == [3], verdict
-    culprit = verdict.culprits[0].node
-    assert culprit.node == 1 and culprit.host == gang.node_ref(1).host and culprit.ip == gang.node_ref(1).ip
-    assert verdict.collective.seq == 4 and verdict.collective.op == "gloo:all_reduce"
-    assert verdict.collective.input_sizes == [[4]] and verdict.waiting == [0, 1, 2]
-    assert verdict.evidence[0].startswith("flight recorder of rank(s) 0-3")
-    # Every rank's record is in the run's logs; the one that never joined stopped at #3.
-    records = {r: json.loads((tmp_path / "logs" / "flight-recorder" / f"rank_{r}.json").read_text()) for r in range(4)}
-    assert max(e["collective_seq_id"] for e in records[3]["entries"]) == 3
-    assert f"rank 3 on node 1 ({culprit.host}" in message and "never joined gloo:all_reduce #4" in message
-    saved = json.loads((Path(result.hang_report) / "verdict.json").read_text())
-    assert saved["culprits"][0]["rank"] == 3
-    deadline, counted = time.monotonic() + 60, []
-    while time.monotonic() < deadline and not counted:
-        counted = scrape(rf'^ray_a4ray_hang_culprit_total\{{.*run="{tmp_path.name}"')
-        time.sleep(1)
-    assert len(counted) == 1 and 'node="1"' in counted[0] and f'host="{culprit.host}"' in counted[0], counted
-
-
 def test_a_hang_in_a_users_program_names_the_rank_from_the_stacks(local_cluster, tmp_path):
     """A user's program on gloo serves no flight record: the stacks are the evidence, and the verdict says so."""
     result, gang, message = _hang(tmp_path, PLAIN_INIT)
@@ -95,6 +74,50 @@ def test_a_hang_in_a_users_program_names_the_rank_from_the_stacks(local_cluster,
     assert verdict.collective is None and verdict.waiting == [0, 1, 2]
     assert verdict.evidence[0].startswith("stacks of rank(s) 0-3 (no flight record: no flight-record server")
     assert re.search(r"culprit: rank 3 on node 1 \(\S+, 127\.0\.0\.\d+", message), message
+
+
+def test_a_hang_names_the_rank_that_never_joined_and_the_retry_keeps_off_its_node(local_cluster, tmp_path, capfd):
+    """a4ray's rank programs serve their flight record: attempt 0 hangs with rank 3 (node 1) outside the 4th
+    all-reduce; the verdict rests on the records and names collective #4; the restart decision takes it, and
+    attempt 1 runs on nodes other than the culprit's."""
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_AT_4TH.format(init=A4RAY_INIT).replace("if rank == 3 and it == 4:",
+                                                                   "if rank == 3 and it == 4 and os.environ['A4RAY_ATTEMPT'] == '0':")
+                      .replace("range(1, 100)", "range(1, 8)")
+                      + "from a4ray.programs.distributed import exit_distributed\nexit_distributed(0)\n")
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", f"command.argv=[{script}]",
+               "command.torchrun=true", "observe.watchdog.no_progress_s=4", "restart.max_restarts=1",
+               "restart.backoff_s=0", workspace=tmp_path)
+    result = run(spec)
+    out = capfd.readouterr().out
+    assert result.ok and result.gang.attempt == 1, result.verdict
+    run_dir = Path(result.gang.log_dir).parent
+    verdict = HangVerdict.model_validate_json((run_dir / "hang" / "verdict.json").read_text())
+    assert [c.rank for c in verdict.culprits] == [3], verdict
+    culprit = verdict.culprits[0].node
+    labelled = next(n for n in ray.nodes() if n["Alive"] and n["Labels"].get(HOST_LABEL) == culprit.host)
+    assert culprit.node == 1 and culprit.ip == labelled["NodeManagerAddress"]
+    assert verdict.collective.seq == 4 and verdict.collective.op == "gloo:all_reduce"
+    assert verdict.collective.input_sizes == [[4]] and verdict.waiting == [0, 1, 2]
+    assert verdict.evidence[0].startswith("flight recorder of rank(s) 0-3")
+    # Every rank's record is in the run's logs; the one that never joined stopped at #3.
+    records = {r: json.loads((run_dir / "logs" / "flight-recorder" / f"rank_{r}.json").read_text()) for r in range(4)}
+    assert max(e["collective_seq_id"] for e in records[3]["entries"]) == 3
+    host = culprit.host
+    assert re.search(rf"the launch hung: .*culprit: rank 3 on node 1 \({host}, {culprit.ip}, \S+\) "
+                     r"\[load_batch \(stuck.py:9\)\] never joined gloo:all_reduce #4 of process group default, "
+                     r"sizes \[\[4\]\] that ranks 0-2 wait in", out), out
+    # The restart decision and the next gang's placement take the verdict; the node history keeps it.
+    assert re.search(rf"restarting in 0s: the launch hung on rank 3 \({host}\)", out), out
+    assert re.search(rf"keeping off {host} \({host}: rank 3 on node 1 never joined gloo:all_reduce #4 of process "
+                     r"group default", out), out
+    assert host not in {n.host for n in result.gang.nodes}
+    assert [e.event for e in NodeHistory(tmp_path).events(host)] == ["hang-culprit"]
+    deadline, counted = time.monotonic() + 60, []
+    while time.monotonic() < deadline and not counted:
+        counted = scrape(rf'^ray_a4ray_hang_culprit_total\{{.*run="{run_dir.name}"')
+        time.sleep(1)
+    assert len(counted) == 1 and 'node="1"' in counted[0] and f'host="{host}"' in counted[0], counted
 
 
 # Attempt 0 runs until its node is killed; a later attempt finishes. Each rank says where it ran.

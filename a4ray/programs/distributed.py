@@ -3,6 +3,7 @@ how it answers a4ray's hang forensics: its flight record, served by torch's c10d
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing.util
 import os
 import sys
@@ -52,6 +53,17 @@ def serve_flight_record() -> None:
         _worker_server = _WorkerServer(path)
     except RuntimeError as e:  # forensics are an aid: a rank trains without them
         print(f"a4ray: flight record not served on {path}: {e}", file=sys.stderr, flush=True)
+        return
+    # Stopped and destroyed before the interpreter's teardown: left to it, its thread now and then outlives
+    # what it serves and the rank aborts (SIGABRT, "terminate called without an active exception").
+    atexit.register(_stop_serving)
+
+
+def _stop_serving() -> None:
+    global _worker_server
+    if _worker_server is not None:
+        _worker_server.shutdown()
+        _worker_server = None
 
 
 def exit_distributed(code: int) -> NoReturn:
