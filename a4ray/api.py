@@ -9,6 +9,7 @@
     run = a4ray.submit(spec)                     # runs as a Ray job on the cluster; a handle
     run.status(); run.logs(); run.result(); run.cancel()
     a4ray.runs(); a4ray.get_run(run.id)          # the same run again, after a kernel restart
+    a4ray.nodes(); a4ray.forget_node("host")     # the workspace's node history (lost, hang culprit, straggler)
     a4ray.sweep(spec, {"network.env.NCCL_IB_QPS_PER_CONNECTION": [1, 2, 4]})
 
 Results are typed (`a4ray.core.results.Result`: `.to_pandas()`, `.plot()`, an HTML view in Jupyter). A
@@ -22,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from a4ray.core.errors import A4RayError
+from a4ray.core.node_history import NodeEvent, NodeHistory
 from a4ray.core.results import Result
 from a4ray.driver import execute, session
 from a4ray.driver.handle import Run, RunList, find_runs
@@ -30,7 +32,7 @@ from a4ray.driver.session import Cluster, connect, current
 from a4ray.spec.job import JobSpec
 from a4ray.spec.loader import load_job
 
-__all__ = ["Cluster", "connect", "current", "get_run", "load", "plan", "run", "runs", "submit"]
+__all__ = ["Cluster", "connect", "current", "forget_node", "get_run", "load", "nodes", "plan", "run", "runs", "submit"]
 
 
 def load(path: str | Path | None = None, *sets: str, kind: str | None = None) -> JobSpec:
@@ -78,3 +80,15 @@ def get_run(run_id: str, workspace: str | Path | None = None) -> Run:
     if not root.is_dir():
         raise A4RayError(f"no run {run_id!r} in {root.parent}", hint="a4ray.runs() lists the runs there")
     return Run.at(root)
+
+
+def nodes(workspace: str | Path | None = None) -> dict[str, list[NodeEvent]]:
+    """The workspace's node history (default: this cluster's): host -> its events, oldest first (lost, hang
+    culprit, straggler, doctor failure; each with its run and date). A restart keeps the gang off a host whose
+    failure it attributes; the history is what the doctor and `a4ray nodes` show."""
+    return NodeHistory(session.workspace(workspace)).hosts()
+
+
+def forget_node(host: str, workspace: str | Path | None = None) -> int:
+    """Clear `host`'s history (after the node was repaired); returns how many events it held."""
+    return NodeHistory(session.workspace(workspace)).forget(host)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from a4ray.commands import jobs, kube, local
+from a4ray.commands import jobs, kube, local, nodes
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="a4ray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (jobs, local, kube):
+    for module in (jobs, local, kube, nodes):
         module.add_cli(sub)
     return parser
 

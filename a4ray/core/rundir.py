@@ -49,6 +49,11 @@ class RunDir:
         return self.root.name
 
     @property
+    def workspace(self) -> Path:
+        """The workspace the run is recorded in (`<workspace>/runs/<id>`)."""
+        return self.root.parent.parent
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

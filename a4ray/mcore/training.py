@@ -14,7 +14,9 @@ config (`parse_args`) -> build (`setup`, `build`) -> `train`:
 * step: `get_forward_backward_func()` over this data-parallel rank's micro-batches of the iteration
   (`dataset.Batches`), loss = masked LM loss (+ the routers' load-balancing loss, which mcore adds to the
   backward pass itself), `optimizer.step()`, scheduler step by the global batch.
-* log: Megatron-LM's `training_log` iteration line, printed by the last rank; checkpoints every
+* log: Megatron-LM's `training_log` iteration line, printed by the last rank, and every rank's own compute
+  time per step over the interval (`programs/compute_time.py`: forward and backward, up to the gradient
+  reduction) for the gang's straggler check; checkpoints every
   --save-interval iterations and at the end (`checkpointing.save`, Megatron-LM's torch_dist layout); at
   the end one `A4RAY_RESULT {...}` record (trainer "megatron") from the last rank.
 """
@@ -40,6 +42,7 @@ import torch.distributed as dist
 from a4ray.mcore import checkpointing, dataset, shims
 from a4ray.mcore.architecture import Architecture
 from a4ray.mcore.model import Parallel, default_naming, gpt_model, wrap_float16
+from a4ray.programs.compute_time import ComputeTimer
 from a4ray.programs.distributed import exit_distributed, init_distributed
 from a4ray.programs.record import report_loop
 
@@ -301,8 +304,11 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
     totals: dict[str, float] = {}
     interval = {"time": 0.0, "iters": 0, "skipped": 0, "nan": 0}
     saved = None
+    compute = ComputeTimer(next(module.parameters()).device)  # each rank's own compute, for the straggler check
+    config.finalize_model_grads_func = compute.before(config.finalize_model_grads_func)
     for iteration in range(start, args.train_iters):
         t0 = time.perf_counter()
+        compute.start()
         micro = batches.micro_batches(iteration)
         reduced, grad_norm, ok = train_step(model, optimizer, scheduler, micro, S, args.micro_batch_size, G)
         reduced.update(moe_losses(config, len(micro)))
@@ -327,6 +333,8 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
                     grad_norm=grad_norm, skipped=interval["skipped"], nan=interval["nan"]), flush=True)
             totals.clear()
             interval.update(time=0.0, iters=0, skipped=0, nan=0)
+        if done % args.log_interval == 0:  # a window of the straggler check: every rank reports at once
+            compute.report(done)
         stop = bool(args.exit_interval) and done % args.exit_interval == 0 and done < args.train_iters
         if done % args.save_interval == 0 or done == args.train_iters or stop:
             ckpt_args.iteration, ckpt_args.consumed_train_samples = done, done * G

@@ -14,6 +14,12 @@ Exported by each node's Ray metrics agent (`ray_` is prepended), e.g. `ray_a4ray
   a4ray_gang_restarts_total        restarts after failures or hangs
   a4ray_gang_hangs_total           hangs the watchdog detected
 
+Per node of the gang ({job,run,node,host}: node is its gang rank, host its machine), for the node verdicts:
+
+  a4ray_node_step_time_seconds     that node's median rank compute time per step in the last window
+  a4ray_node_straggler             1 while the node is flagged a straggler, else 0 (set every window)
+  a4ray_hang_culprit_total         hang verdicts that named a rank of that node
+
 Metrics are created lazily, once per process: Ray refuses two metrics with one name in a process.
 """
 
@@ -23,8 +29,10 @@ import threading
 import time
 
 from a4ray.observe.progress import Progress
+from a4ray.observe.verdicts import NodeRef
 
 TAGS = ("job", "run", "node", "rank")
+NODE_TAGS = ("job", "run", "node", "host")
 _lock = threading.Lock()
 _metrics: dict[str, object] = {}
 
@@ -80,3 +88,20 @@ def record_attempt(job: str, run: str, attempt: int) -> None:
 def record_hang(job: str, run: str) -> None:
     _metric("counter", "a4ray_gang_hangs_total", "hangs detected by the watchdog", ("job", "run")).inc(
         1, tags={"job": job, "run": run})
+
+
+def _node_tags(job: str, run: str, node: NodeRef) -> dict[str, str]:
+    return {"job": job, "run": run, "node": str(node.node), "host": node.host}
+
+
+def record_culprit(job: str, run: str, node: NodeRef) -> None:
+    _metric("counter", "a4ray_hang_culprit_total", "hang verdicts naming a rank of this node", NODE_TAGS).inc(
+        1, tags=_node_tags(job, run, node))
+
+
+def record_node_window(job: str, run: str, node: NodeRef, step_time_s: float, straggler: bool) -> None:
+    tags = _node_tags(job, run, node)
+    _metric("gauge", "a4ray_node_step_time_seconds", "median rank compute time per step of this node in the last "
+            "window", NODE_TAGS).set(step_time_s, tags=tags)
+    _metric("gauge", "a4ray_node_straggler", "1 while this node is flagged a straggler, else 0", NODE_TAGS).set(
+        1.0 if straggler else 0.0, tags=tags)

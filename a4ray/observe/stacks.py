@@ -14,6 +14,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 from pydantic import BaseModel
 
 # Innermost frames that say what a rank waits for.
@@ -34,6 +35,12 @@ class StackDump(BaseModel):
     text: str = ""
     error: str | None = None
     where: str = ""
+    stopped: bool = False  # the process was stopped (state T: SIGSTOP, a debugger) when dumped
+
+    @property
+    def in_collective(self) -> bool:
+        """Blocked inside a collective: its main thread's innermost telling frame is one, and it runs."""
+        return not self.stopped and self.where.split(" ", 1)[0] in _COLLECTIVES
 
 
 def py_spy() -> str | None:
@@ -49,13 +56,22 @@ def ptrace_hint() -> str:
             f"securityContext.capabilities.add [SYS_PTRACE]); kernel.yama.ptrace_scope is {level}")
 
 
-def dump(pid: int, timeout_s: float = 30) -> tuple[str, str | None]:
-    """(stack text, error) of one process."""
+def is_stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
+
+
+def dump(pid: int, timeout_s: float = 30, *, stopped: bool = False) -> tuple[str, str | None]:
+    """(stack text, error) of one process. A stopped process is read without pausing it (`--nonblocking`):
+    py-spy's pause waits for a stop that never comes from a process already stopped."""
     binary = py_spy()
     if binary is None:
         return "", "py-spy is not installed on this node (pip install py-spy)"
     try:
-        out = subprocess.run([binary, "dump", "--pid", str(pid)], capture_output=True, text=True,
+        argv = [binary, "dump", "--pid", str(pid)] + (["--nonblocking"] if stopped else [])
+        out = subprocess.run(argv, capture_output=True, text=True,
                              timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return "", f"py-spy dump timed out after {timeout_s:g}s"
@@ -72,8 +88,12 @@ def dump_all(targets: list[tuple[str, int, int]], timeout_s: float = 30) -> list
 
     def one(target: tuple[str, int, int]) -> StackDump:
         rank, node, pid = target
-        text, error = dump(pid, timeout_s)
-        return StackDump(rank=rank, node=node, pid=pid, text=text, error=error, where=where(text) if text else "")
+        stopped = is_stopped(pid)
+        text, error = dump(pid, timeout_s, stopped=stopped)
+        place = where(text) if text else ""
+        if stopped:
+            place = f"a stopped process (state T){' in ' + place if place else ''}"
+        return StackDump(rank=rank, node=node, pid=pid, text=text, error=error, where=place, stopped=stopped)
 
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(targets)))) as pool:
         return list(pool.map(one, targets))
@@ -117,7 +137,8 @@ def where(text: str) -> str:
     return f"{inner}{own[0]} ({Path(own[1]).name}:{own[2]})"
 
 
-def _ranges(ranks: list[int]) -> str:
+def ranges(ranks: list[int]) -> str:
+    """[0, 2, 3] -> "0, 2-3"."""
     out, start = [], None
     for i, r in enumerate(ranks):
         if start is None:
@@ -137,7 +158,7 @@ def summarize(dumps: list[StackDump]) -> str:
     for place, ranks in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         numeric = sorted(int(r) for r in ranks if r.isdigit())
         other = sorted(r for r in ranks if not r.isdigit())
-        label = ", ".join(filter(None, [_ranges(numeric), ", ".join(other)]))
+        label = ", ".join(filter(None, [ranges(numeric), ", ".join(other)]))
         plural = "ranks" if len(ranks) > 1 else "rank"
         parts.append(f"{plural} {label} in {place}")
     return "; ".join(parts)

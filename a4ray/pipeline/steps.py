@@ -245,12 +245,16 @@ class Train(Step):
         if done and done.get("fingerprint") == key and done.get("ok"):
             return StepResult(name=self.name, status="cached", detail=f"finished {done.get('finished')}: "
                               f"{done.get('verdict')}", outputs=done.get("outputs", {}), result=done.get("result"))
+        say(f"train: straggler check {trainer.straggler_check()}")
         result = trainer.run(ctx.conn, ctx.run_dir, log_dir=ctx.run_dir.step_logs(self.name))
         if result.table():
             print(result.table(), flush=True)
         outputs = trainer.outputs(result)
+        record = result.model_dump(mode="json", exclude={"gang"})
+        if result.gang is not None:  # the node verdicts of the last attempt stay in the run record
+            record.update(result.gang.model_dump(mode="json", include={"stragglers", "hang_verdict"}))
         step = StepResult(name=self.name, status="ran" if result.ok else "failed", detail=result.verdict,
-                          outputs=outputs, result=result.model_dump(mode="json", exclude={"gang"}))
+                          outputs=outputs, result=record)
         if result.ok:
             nodefs.write_text(spec.cluster, marker, json.dumps({
                 "fingerprint": key, "ok": True, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

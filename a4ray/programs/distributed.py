@@ -1,7 +1,9 @@
-"""How every a4ray program run by torchrun joins its process group: NCCL on this rank's GPU, else gloo."""
+"""How every a4ray program run by torchrun joins its process group: NCCL on this rank's GPU, else gloo; and
+how it answers a4ray's hang forensics: its flight record, served by torch's c10d worker server."""
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing.util
 import os
 import sys
@@ -9,6 +11,10 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+
+from a4ray.programs.record import FR_SOCKET_DIR_ENV, fr_socket_path
+
+_worker_server = None  # kept alive for the process's life: its C++ threads answer while Python is blocked
 
 
 def init_distributed(backend: str = "auto") -> tuple[torch.device, str]:
@@ -24,7 +30,40 @@ def init_distributed(backend: str = "auto") -> tuple[torch.device, str]:
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
+    serve_flight_record()
     return device, backend
+
+
+def serve_flight_record() -> None:
+    """Serve torch's worker server on this rank's socket in the launch's directory (`A4RAY_FR_SOCKETS`, set by
+    the node actor): its `fr_trace_json` handler hands the node actor this rank's flight record on a hang,
+    even while this rank's Python is blocked inside a collective (the handler is C++), on gloo as on NCCL."""
+    global _worker_server
+    directory = os.environ.get(FR_SOCKET_DIR_ENV)
+    if not directory or _worker_server is not None:
+        return
+    from torch._C._distributed_c10d import _WorkerServer
+
+    path = fr_socket_path(directory, os.environ.get("RANK", "0"))
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    try:
+        _worker_server = _WorkerServer(path)
+    except RuntimeError as e:  # forensics are an aid: a rank trains without them
+        print(f"a4ray: flight record not served on {path}: {e}", file=sys.stderr, flush=True)
+        return
+    # Stopped and destroyed before the interpreter's teardown: left to it, its thread now and then outlives
+    # what it serves and the rank aborts (SIGABRT, "terminate called without an active exception").
+    atexit.register(_stop_serving)
+
+
+def _stop_serving() -> None:
+    global _worker_server
+    if _worker_server is not None:
+        _worker_server.shutdown()
+        _worker_server = None
 
 
 def exit_distributed(code: int) -> NoReturn:

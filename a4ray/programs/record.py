@@ -1,5 +1,6 @@
 """What a training loop reports when it ends: one `A4RAY_RESULT {...}` line, which the node actor collects
-and the trainer's typed result reads back (`a4ray.trainers.interface.LoopResult`)."""
+and the trainer's typed result reads back (`a4ray.trainers.interface.LoopResult`); and the other contracts
+between a4ray's rank programs and the node actor (stdlib only: the node actor imports them without torch)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,15 @@ import json
 import statistics
 
 RESULT_MARKER = "A4RAY_RESULT "  # what the node actor looks for at the start of a rank's output line
+# A window of every rank's own compute time per step (`programs/compute_time.py`), for the straggler check.
+COMPUTE_MARKER = "A4RAY_COMPUTE "
+# Where a4ray's rank programs serve their flight record (`programs/distributed.py`; read by `observe/flight.py`):
+# the launch's directory, set by the node actor; each rank's socket is rank_<RANK>.sock in it.
+FR_SOCKET_DIR_ENV = "A4RAY_FR_SOCKETS"
+
+
+def fr_socket_path(directory: str, rank: int | str) -> str:
+    return f"{directory}/rank_{rank}.sock"
 
 
 def report(record: dict) -> None:

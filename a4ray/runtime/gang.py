@@ -40,6 +40,7 @@ from a4ray.core.errors import (
     GangTimeout,
     GangUnplaceable,
 )
+from a4ray.observe.verdicts import NodeRef
 from a4ray.runtime.launch import GangResult, Launch, NodeContext, NodeResult, Peer
 from a4ray.runtime.node_actor import LaunchRequest, NodeActor, NodeRun
 from a4ray.runtime.simulated import SIMULATED_LABEL
@@ -57,8 +58,9 @@ _STATUS_STALE_S = 60.0  # an autoscaler status older than this is no autoscaler'
 
 class Gang:
     def __init__(self, spec: JobSpec, *, log_dir: str, run_dir: str = "", name: str | None = None,
-                 attempt: int = 0):
+                 attempt: int = 0, avoid: dict[str, str] | None = None):
         self.spec = spec
+        self.avoid = dict(avoid or {})  # host -> why: nodes to keep this gang off (a restart after their failure)
         self.cluster = spec.cluster
         self.log_dir = log_dir
         self.run_dir = run_dir
@@ -81,7 +83,9 @@ class Gang:
         t0 = time.monotonic()
         c = self.cluster
         bundle = {"CPU": c.cpus_per_node, "GPU": c.gpus_per_node, c.node_resource: 1}
-        self.pg = placement_group([dict(bundle)] * c.nodes, strategy="STRICT_SPREAD", name=self.name)
+        selector = self._keep_off()
+        self.pg = placement_group([dict(bundle)] * c.nodes, strategy="STRICT_SPREAD", name=self.name,
+                                  bundle_label_selector=[dict(selector)] * c.nodes if selector else None)
         self._wait_placed(t0)
         actors = [
             _REMOTE_NODE_ACTOR.options(
@@ -103,6 +107,38 @@ class Gang:
         for rank, node in enumerate(self.nodes):
             say(f"  node {rank}: {node.describe(c.topology)} gpus={','.join(node.gpu_ids) or '-'}")
         return self.nodes
+
+    def _keep_off(self) -> dict[str, str] | None:
+        """The label selector that keeps every bundle off the hosts in `avoid` (Ray places the gang: this only
+        narrows where), or None, saying which hosts it avoids and why, or why it cannot."""
+        if not self.avoid:
+            return None
+        c, t = self.cluster, self.cluster.topology
+        fitting = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get(c.node_resource, 0) >= 1
+                   and n["Resources"].get("GPU", 0) >= c.gpus_per_node and n["Resources"].get("CPU", 0) >= c.cpus_per_node]
+        labels = [n.get("Labels") or {} for n in fitting]
+        host_of = [lab.get(t.host_label) or n.get("NodeManagerHostname", "") for n, lab in zip(fitting, labels)]
+        avoided = [h for h in host_of if h in self.avoid]
+        others = len(fitting) - len(avoided)
+        reasons = "; ".join(f"{host}: {why}" for host, why in self.avoid.items())
+        if all(t.host_label in lab for lab in labels):
+            selector = {t.host_label: f"!in({','.join(sorted(self.avoid))})"}
+        else:  # hosts without the topology's host label: keep off their current Ray nodes
+            ids = [n["NodeID"] for n, h in zip(fitting, host_of) if h in self.avoid]
+            selector = {"ray.io/node-id": f"!in({','.join(ids)})"} if ids else {}
+        if others >= c.nodes:
+            say(f"gang {self.name}: keeping off {', '.join(sorted(self.avoid))} ({reasons}); "
+                f"{others} other node(s) fit, the gang needs {c.nodes}")
+            return selector or None
+        grows, why = cluster_growth()
+        if grows:
+            say(f"gang {self.name}: keeping off {', '.join(sorted(self.avoid))} ({reasons}); only {others} other "
+                f"node(s) fit and the gang needs {c.nodes}: waiting for new nodes ({why})")
+            return selector or None
+        say(f"gang {self.name}: cannot keep off {', '.join(sorted(self.avoid))} ({reasons}): only {others} other "
+            f"node(s) fit and the gang needs {c.nodes}, and {why}; placing the gang on the nodes there are, "
+            f"{'that one' if len(self.avoid) == 1 else 'those'} included")
+        return None
 
     def _wait_placed(self, t0: float) -> None:
         """Wait for the placement group, at most cluster.start_timeout_s. A gang the cluster's nodes can never
@@ -214,8 +250,9 @@ class Gang:
                                                                  else "hang")
         wheres = [self.nodes[g].describe(self.cluster.topology) for g in members]
         supervisor = Supervisor(
-            actors, members, wheres, launches, timeout_s, observe=self.spec.observe, observers=self.observers,
-            stop=self._stop, hang_dir=hang_dir, tags=(self.spec.name, self.run_id))
+            actors, members, wheres, [self.node_ref(g) for g in members], launches, timeout_s, observe=self.spec.observe, observers=self.observers,
+            stop=self._stop, hang_dir=hang_dir, tags=(self.spec.name, self.run_id),
+            records_dir=Path(log_dir) / "flight-recorder")
         outcome = supervisor.watch()
         result = self._collect(members, outcome, time.monotonic() - t0, log_dir, launch_id)
         if not result.ok:
@@ -234,6 +271,7 @@ class Gang:
         for rank, g in enumerate(members):
             facts = self.nodes[g]
             base = dict(rank=rank, gang_rank=g, hostname=facts.hostname, ip=facts.ip, node_id=facts.node_id,
+                        host=facts.short_name(self.cluster.topology),
                         location="/".join(p for p in facts.location(self.cluster.topology) if p))
             if rank in outcome.lost:
                 nodes.append(NodeResult(**base, status="lost", last_lines=outcome.tails.get(rank, [])))
@@ -261,8 +299,14 @@ class Gang:
             failure_kind=None if ok else ("failed" if outcome.kind == "done" else outcome.kind),
             failed_node=None if outcome.failed_node is None else members[outcome.failed_node],
             iterations_seen=outcome.iterations_seen, last_iteration=outcome.last_iteration,
-            hang_report=outcome.hang_report,
+            hang_report=outcome.hang_report, hang_verdict=outcome.hang_verdict, stragglers=outcome.stragglers,
         )
+
+    def node_ref(self, gang_rank: int) -> NodeRef:
+        """Gang node `gang_rank` as verdicts and the node history name it."""
+        facts, topology = self.nodes[gang_rank], self.cluster.topology
+        return NodeRef(node=gang_rank, host=facts.short_name(topology), hostname=facts.hostname, ip=facts.ip,
+                       location="/".join(p for p in facts.location(topology) if p))
 
     @property
     def run_id(self) -> str:

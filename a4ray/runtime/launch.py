@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from a4ray.observe.verdicts import HangVerdict, Straggler
+
 
 class Peer(BaseModel):
     """One node of a launch, as the other nodes see it."""
@@ -66,6 +68,7 @@ class NodeResult(BaseModel):
     ip: str
     node_id: str
     location: str
+    host: str = ""  # the machine, as the topology's host label names it (else the hostname)
     status: Literal["succeeded", "failed", "stopped", "lost", "not-started", "standby"]
     exit_code: int | None = None
     duration_s: float | None = None
@@ -88,6 +91,8 @@ class GangResult(BaseModel):
     iterations_seen: int = 0  # iteration lines seen in this launch (progress made)
     last_iteration: int | None = None
     hang_report: str | None = None  # directory with every rank's stack dump and a summary
+    hang_verdict: HangVerdict | None = None  # which rank, on which node, the hang waits for
+    stragglers: list[Straggler] = []  # nodes flagged slower than the gang while it ran
     start_s: float = 0.0  # placement + actors + facts
     run_s: float = 0.0
     log_dir: str = ""

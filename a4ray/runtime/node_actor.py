@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import pickle
 import re
 import shlex
 import shutil
@@ -33,10 +34,16 @@ from pydantic import BaseModel
 
 from a4ray.core.errors import EnvScriptFailed
 from a4ray.core.redact import Redactor, secret_values
-from a4ray.observe import metrics
+from a4ray.observe import flight, metrics
 from a4ray.observe.progress import Progress, parse_progress
 from a4ray.observe.stacks import StackDump, dump_all
-from a4ray.programs.record import RESULT_MARKER  # workloads report typed results as one JSON line each
+from a4ray.observe.straggler import ComputeWindow
+from a4ray.programs.record import (  # what a4ray's rank programs print and serve
+    COMPUTE_MARKER,
+    FR_SOCKET_DIR_ENV,
+    RESULT_MARKER,
+    fr_socket_path,
+)
 from a4ray.runtime.netenv import EnvLayer, build_env, gib_layer, source_script
 from a4ray.runtime.process import ManagedProcess, launch_processes
 from a4ray.runtime.topology import NodeFacts
@@ -54,6 +61,7 @@ class Line(BaseModel):
     text: str
     local_rank: int | None = None
     progress: Progress | None = None  # set on iteration lines
+    compute: ComputeWindow | None = None  # set on a window of every rank's compute time (the straggler check)
 
 
 class LaunchRequest(BaseModel):
@@ -109,10 +117,12 @@ class _Output:
         self._lines: collections.deque[Line] = collections.deque(maxlen=maxlen)
         self._seq = 0
 
-    def append(self, text: str, local_rank: int | None = None, progress: Progress | None = None) -> None:
+    def append(self, text: str, local_rank: int | None = None, progress: Progress | None = None,
+               compute: ComputeWindow | None = None) -> None:
         with self._cond:
             self._seq += 1
-            self._lines.append(Line(seq=self._seq, text=text, local_rank=local_rank, progress=progress))
+            self._lines.append(Line(seq=self._seq, text=text, local_rank=local_rank, progress=progress,
+                                    compute=compute))
             self._cond.notify_all()
 
     def wake(self) -> None:
@@ -300,8 +310,9 @@ class NodeActor:
                 self._records.append(json.loads(body[len(RESULT_MARKER):]))
             except json.JSONDecodeError:
                 pass
+        compute = ComputeWindow.parse(body) if body.startswith(COMPUTE_MARKER) else None
         self._write_logs(text, body, local_rank)
-        self._output.append(body, local_rank, progress)
+        self._output.append(body, local_rank, progress, compute)
 
     def _record(self, progress: Progress, local_rank: int | None) -> None:
         request = self._request
@@ -386,6 +397,8 @@ class NodeActor:
         p = self._process
         if p is not None:
             p.wait(timeout=30)
+        if self._request is not None and not self._running():  # the records were taken, if a hang wanted them
+            shutil.rmtree(_fr_dir(self._request), ignore_errors=True)
         standby = self._request is not None and not self._request.argv
         return NodeRun(
             exit_code=p.returncode if p else None,
@@ -429,18 +442,58 @@ class NodeActor:
         return sorted(ranked, key=lambda rp: int(rp[0])) if ranked else python
 
     def stacks(self, timeout_s: float = 30) -> list[StackDump]:
-        """py-spy dumps of every rank process of the launch; also triggers the NCCL flight recorder."""
+        """py-spy dumps of every rank process of the launch."""
         if self._request is None:
             return []
-        for pipe in Path("/tmp", f"a4ray-fr-{self._request.launch_id}").glob("pipe_*"):
+        node = self._request.node_rank
+        return dump_all([(rank, node, pid) for rank, pid in self.rank_processes()], timeout_s)
+
+    def flight_records(self, timeout_s: float = 10) -> dict[int, dict | str]:
+        """Every rank's flight record (global rank -> the record, or why there is none), each also written to
+        `<log dir>/flight-recorder/`: NCCL's, dumped by writing to each rank's debug pipe (or already dumped
+        by its timeout); a4ray's programs', asked of their worker servers (see `observe.flight`)."""
+        request = self._request
+        if request is None or not request.flight_recorder:
+            return {}
+        out_dir = Path(request.log_dir) / "flight-recorder"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        pipes = list(_fr_dir(request).glob("pipe_*"))
+        for pipe in pipes:
             try:  # writing to a rank's debug-info pipe makes it dump its NCCL flight recorder
                 fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
                 os.write(fd, b"1")
                 os.close(fd)
             except OSError:
                 pass
-        node = self._request.node_rank
-        return dump_all([(rank, node, pid) for rank, pid in self.rank_processes()], timeout_s)
+        ranks = [int(rank) for rank, _ in self.rank_processes() if rank.isdigit()]
+        found: dict[int, dict | str] = {}
+
+        def ask(rank: int) -> tuple[int, dict | str]:
+            path = fr_socket_path(str(_fr_dir(request)), rank)
+            if not os.path.exists(path):
+                return rank, "no flight-record server (not an a4ray program)"
+            try:
+                record = flight.fetch_json(path, timeout_s)
+            except (OSError, ValueError) as e:
+                return rank, f"its flight-record server did not answer ({type(e).__name__}: {e})"
+            (out_dir / f"rank_{rank}.json").write_text(json.dumps(record))
+            return rank, record
+
+        if ranks:
+            with ThreadPoolExecutor(min(16, len(ranks))) as pool:
+                found.update(pool.map(ask, ranks))
+        deadline = time.monotonic() + (5 if pipes else 0)  # the NCCL watchdog dumps within its poll period
+        while True:
+            for path in out_dir.glob("nccl_trace_rank_*"):
+                rank = int(path.name.rsplit("_", 1)[1]) if path.name.rsplit("_", 1)[1].isdigit() else None
+                if rank is not None and not isinstance(found.get(rank), dict):
+                    try:
+                        found[rank] = flight.read_dump(path)
+                    except (OSError, EOFError, pickle.UnpicklingError):
+                        pass  # being written: the next pass reads it
+            if time.monotonic() >= deadline or all(isinstance(found.get(r), dict) for r in ranks):
+                return found
+            time.sleep(0.5)
 
     def call(self, fn, *args, **kwargs):
         """Run `fn(*args, **kwargs)` on this node (preflight checks, probes) and return its result."""
@@ -518,7 +571,7 @@ def _with_a4ray_on_path(pythonpath: str | None) -> str:
 
 def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
     """PyTorch's NCCL flight recorder: kept on, dumped on an NCCL timeout or when its pipe is written."""
-    pipes = Path("/tmp") / f"a4ray-fr-{request.launch_id}"  # named pipes need a local filesystem
+    pipes = _fr_dir(request)
     pipes.mkdir(parents=True, exist_ok=True)
     # TORCH_FR_* are PyTorch >= 2.7's names (the TORCH_NCCL_* ones they replace still work there).
     return {
@@ -526,7 +579,14 @@ def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_FR_DUMP_TEMP_FILE": f"{request.log_dir}/flight-recorder/nccl_trace_rank_",
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{pipes}/pipe_",
+        FR_SOCKET_DIR_ENV: str(pipes),  # a4ray's programs serve their record there (rank_<RANK>.sock)
     }
+
+
+def _fr_dir(request: LaunchRequest) -> Path:
+    """The launch's debug pipes and worker-server sockets: named pipes and sockets need a local filesystem,
+    and a socket's path must stay short (108 bytes)."""
+    return Path("/tmp") / f"a4ray-fr-{request.launch_id}"
 
 
 # A variable set under either name is the user's choice.

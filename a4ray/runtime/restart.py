@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from a4ray.core.node_history import NodeEventKind
 from a4ray.runtime.launch import GangResult
 from a4ray.spec.resilience import RestartSpec
 
@@ -24,7 +25,10 @@ def should_retry(result: GangResult, policy: RestartSpec, attempt: int) -> tuple
     if kind == "lost":
         return True, f"node {result.failed_node} was lost"
     if kind == "hang":
-        return True, "the launch hung"
+        verdict = result.hang_verdict
+        if verdict is not None and verdict.culprits:
+            return True, f"the launch hung on {', '.join(f'rank {c.rank} ({c.node.host})' for c in verdict.culprits)}"
+        return True, "the launch hung" + (f" ({verdict.line()})" if verdict is not None else "")
     node = next((n for n in result.nodes if n.rank == result.failed_node), None)
     code = node.exit_code if node else None
     text = "\n".join((node.last_lines if node else []) + [result.failure or ""])
@@ -45,3 +49,23 @@ def should_retry(result: GangResult, policy: RestartSpec, attempt: int) -> tuple
     if policy.unknown == "retry-if-progressed" and result.iterations_seen:
         return True, f"it failed after making progress (iteration {result.last_iteration})"
     return False, "it failed before its first iteration, which looks like configuration, not the fabric"
+
+
+def blamed_nodes(result: GangResult) -> dict[str, tuple[NodeEventKind, str]]:
+    """The hosts a failed launch is attributed to, each with what happened: the node that was lost, the nodes
+    of a hang verdict's culprits (the watchdog's or NCCL's timeout's). Nothing else is any one node's fault on the evidence a4ray has."""
+    if result.ok:
+        return {}
+    by_gang_rank = {n.gang_rank: n for n in result.nodes}
+    if result.failure_kind == "lost" and result.failed_node in by_gang_rank:
+        node = by_gang_rank[result.failed_node]
+        return {node.host or node.hostname: ("lost", f"node {node.gang_rank} ({node.ip}) was lost in launch "
+                                                     f"{result.launch_id}")}
+    blamed: dict[str, tuple[NodeEventKind, str]] = {}
+    if result.hang_verdict is not None:  # a hang, or NCCL's own timeout of a collective
+        verdict = result.hang_verdict
+        for c in verdict.culprits:
+            what = f"never joined {verdict.collective.describe()}" if verdict.collective else f"was in {c.where}"
+            blamed.setdefault(c.node.host, ("hang-culprit", f"rank {c.rank} on node {c.node.node} {what} "
+                                                            f"(evidence: {', '.join(verdict.evidence)})"))
+    return blamed

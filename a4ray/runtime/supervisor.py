@@ -9,6 +9,7 @@ gang rank, used in what is printed so a node keeps one name across launches.
 
 from __future__ import annotations
 
+import pickle
 import re
 import signal
 import time
@@ -19,8 +20,10 @@ from typing import Literal
 import ray
 
 from a4ray.core.console import say
-from a4ray.observe import hang, metrics
+from a4ray.observe import flight, hang, metrics
 from a4ray.observe.progress import Progress, progress_summary
+from a4ray.observe.straggler import StragglerCheck
+from a4ray.observe.verdicts import HangVerdict, NodeRef, Straggler
 from a4ray.runtime.launch import Launch
 from a4ray.runtime.node_actor import Line, Poll
 from a4ray.spec.resilience import ObserveSpec
@@ -30,6 +33,7 @@ LAST_LINES = 20
 # answers this often, which costs the driver ~1.5 ms of CPU a time: every second, that was most of a core
 # at 512 nodes. The supervisor checks deadlines and hangs every second whatever the polls do.
 POLL_WAIT_S = 5.0
+NCCL_TIMEOUT = "Watchdog caught collective operation timeout"  # ProcessGroupNCCL's, before it dumps and aborts
 _LOST_CHECK_S = 10.0  # after a node fails: how long its peers have to show they are alive
 
 LineObserver = Callable[[int, Line], None]
@@ -48,22 +52,26 @@ class Outcome:
         self.iterations_seen = 0
         self.last_iteration: int | None = None
         self.hang_report: str | None = None
+        self.hang_verdict: HangVerdict | None = None
+        self.stragglers: list[Straggler] = []
 
 
 class Supervisor:
     """Streams every node's lines to the driver and ends the launch on the first failure.
 
     `actors`: the launch's node actors, in launch-rank order; `members`: their gang ranks; `wheres`: how
-    each node is described in messages; `stop(gang_ranks)` stops nodes' process trees (the gang's);
-    `hang_dir`: where a hang report goes; `tags`: the job and run, for metrics.
+    each node is described in messages; `nodes`: who each node is (host, IP, block) in verdicts;
+    `stop(gang_ranks)` stops nodes' process trees (the gang's); `hang_dir`: where a hang report goes;
+    `tags`: the job and run, for metrics.
     """
 
-    def __init__(self, actors: list, members: list[int], wheres: list[str], launches: list[Launch],
+    def __init__(self, actors: list, members: list[int], wheres: list[str], nodes: list[NodeRef], launches: list[Launch],
                  timeout_s: float | None, *, observe: ObserveSpec, observers: list[LineObserver],
-                 stop: Callable[[list[int]], None], hang_dir: Path, tags: tuple[str, str]):
+                 stop: Callable[[list[int]], None], hang_dir: Path, tags: tuple[str, str], records_dir: Path):
         self.actors = actors
         self.members = members
         self.wheres = wheres
+        self.nodes = nodes
         self.nproc = [launch.nproc for launch in launches]
         self.standby = {rank for rank, launch in enumerate(launches) if launch.standby}
         self.deadline = time.monotonic() + timeout_s if timeout_s else None
@@ -72,11 +80,13 @@ class Supervisor:
         self.observers = observers
         self.stop = stop
         self.hang_dir = hang_dir
+        self.records_dir = records_dir  # where NCCL dumps its flight records on its own timeout
         self.tags = tags
         self.cursors = {rank: 0 for rank in range(len(members))}
         self.rank_tails: dict[tuple[int, int], list[str]] = {}
         self.outcome = Outcome()
         self.watchdog = hang.Watchdog(observe.watchdog)
+        self.stragglers = StragglerCheck(observe.straggler, nodes, self.nproc, tags)
         self.last_summary_iteration: int | None = None
 
     def _emit(self, rank: int, poll: Poll) -> None:
@@ -86,6 +96,9 @@ class Supervisor:
                 f"they are in the node log")
         tail = self.outcome.tails.setdefault(rank, [])
         for line in poll.lines:
+            if line.compute is not None:  # a window of every rank's compute time: judged, kept in the logs
+                self.outcome.stragglers += self.stragglers.window(line.compute)
+                continue
             if line.local_rank is not None:
                 print(f"[n{node} r{rank * self.nproc[rank] + line.local_rank}] {line.text}", flush=True)
                 rank_tail = self.rank_tails.setdefault((rank, line.local_rank), [])
@@ -117,11 +130,15 @@ class Supervisor:
 
     def _on_hang(self, why: str) -> None:
         metrics.record_hang(*self.tags)
-        summary = hang.report(why, self.actors, self.members, self.hang_dir, py_spy=self.observe.watchdog.py_spy)
+        w = self.observe.watchdog
+        summary, verdict = hang.report(why, self.actors, self.nodes, self.nproc, self.hang_dir, py_spy=w.py_spy,
+                                       flight_recorder=w.flight_recorder)
+        for culprit in {c.node.node: c for c in verdict.culprits}.values():
+            metrics.record_culprit(*self.tags, culprit.node)
         out = self.outcome
-        out.kind, out.hang_report = "hang", str(self.hang_dir)
-        out.message = f"the launch hung: {why}; {summary}"
-        out.hint = f"stack dumps of every rank are in {self.hang_dir}"
+        out.kind, out.hang_report, out.hang_verdict = "hang", str(self.hang_dir), verdict
+        out.message = f"the launch hung: {why}; {verdict.line()}; {summary}"
+        out.hint = f"stack dumps and the verdict are in {self.hang_dir}, flight records under the logs' flight-recorder/"
 
     def watch(self) -> Outcome:
         out = self.outcome
@@ -196,7 +213,27 @@ class Supervisor:
             message += f"; last lines of rank {global_rank}"
         else:
             message += "; last lines"
+        if kind == "failed" and any(NCCL_TIMEOUT in line for line in tail):
+            out.hang_verdict = self._nccl_timeout_verdict()
+            if out.hang_verdict is not None:
+                message += f" (NCCL's watchdog timed out a collective; {out.hang_verdict.line()})"
         out.message = message + (":\n" + "\n".join(f"    {t}" for t in tail[-LAST_LINES:]) if tail else "")
+
+    def _nccl_timeout_verdict(self) -> HangVerdict | None:
+        """The verdict from the flight records NCCL dumped on its timeout (TORCH_NCCL_DUMP_ON_TIMEOUT), if any."""
+        time.sleep(2)  # the other ranks' watchdogs dump on the same timeout, a moment later
+        records = {}
+        for path in sorted(self.records_dir.glob("nccl_trace_rank_*")):
+            try:
+                records[int(path.name.rsplit("_", 1)[1])] = flight.read_dump(path)
+            except (OSError, ValueError, EOFError, pickle.UnpicklingError):
+                continue
+        if not records:
+            return None
+        verdict = hang.judge(records, {}, [], self.nodes, self.nproc)
+        for culprit in {c.node.node: c for c in verdict.culprits}.values():
+            metrics.record_culprit(*self.tags, culprit.node)
+        return verdict
 
     def _finish(self, pending: dict) -> Outcome:
         """Stop every still-running node, then drain the lines they printed while stopping."""

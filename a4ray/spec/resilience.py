@@ -59,10 +59,21 @@ class RestartSpec(Spec):
     )
 
 
+class StragglerSpec(Spec):
+    """A node whose ranks' own compute per step (forward and backward, before the gradient reduction) is
+    slower than the gang's median by more than `threshold` for `windows` logging windows in a row is flagged
+    a straggler (the Megatron trainer reports it; Pai's and ms-swift's loops do not)."""
+
+    enabled: bool = True
+    threshold: float = Field(0.15, gt=0, description="how much slower than the gang's median (0.15 = 15%)")
+    windows: PositiveInt = Field(3, description="consecutive slow windows before a node is flagged")
+
+
 class ObserveSpec(Spec):
     summary_every: PositiveInt = Field(10, description="print a progress summary every N iterations")
     seq_length: PositiveInt | None = Field(None, description="tokens per sample, to derive tokens/s")
     watchdog: WatchdogSpec = WatchdogSpec()
+    straggler: StragglerSpec = StragglerSpec()
 
 
 class DoctorSpec(Spec):

@@ -88,6 +88,10 @@ class Trainer(Workload[RecipeJob]):
         """What the plan shows before every node's command."""
         return []
 
+    def straggler_check(self) -> str:
+        """Whether the gang's straggler check (observe.straggler) sees this trainer's ranks, and why not."""
+        return "off: this trainer's loop reports no per-rank compute time"
+
     @property
     def checkpoints(self) -> str:
         """Where it saves its checkpoints, as the nodes see it."""

@@ -117,6 +117,10 @@ class MegatronTrain(Trainer):
     def launch(self, node: NodeContext) -> Launch:
         return Launch(argv=torchrun(node, ["-m", "a4ray.mcore", *self.trainer_args()]), nproc=node.gpus)
 
+    def straggler_check(self) -> str:
+        return ("on: every rank's own compute per step (forward and backward, before the gradient reduction), "
+                "judged per logging window (observe.straggler)")
+
     def plan_lines(self) -> list[str]:
         m = self.spec.train.megatron
         layers = {"auto": "Transformer Engine's where it imports on the nodes (A4 images), else megatron-core's "

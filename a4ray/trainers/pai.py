@@ -294,6 +294,10 @@ class PaiTrain(Trainer):
     def checkpoints(self) -> str:
         return self.checkpoint_dir
 
+    def straggler_check(self) -> str:
+        return ("off: Megatron-LM's loop prints no per-rank compute time (its --log-straggler reports only the "
+                "min/max ranks of whole steps, waits included)")
+
     def plan_lines(self) -> list[str]:
         return ["run_mcore_qwen3.sh arguments:", *(f"  {line}" for line in self.describe()),
                 f"checkpoints: {self.checkpoint_dir}"]

@@ -149,6 +149,10 @@ class SwiftTrain(Trainer):
         return (f"ms-swift {self.spec.train.version} `megatron rlhf --rlhf_type dpo` on every node (its launcher "
                 "starts torchrun)")
 
+    def straggler_check(self) -> str:
+        return ("off: Megatron-LM's loop prints no per-rank compute time (its --log-straggler reports only the "
+                "min/max ranks of whole steps, waits included)")
+
     def problems(self) -> list[str]:
         return check(self.spec)
 

@@ -23,6 +23,7 @@ import ray
 from pydantic import BaseModel
 
 from a4ray.core.console import say, table
+from a4ray.core.node_history import NodeHistory, summarize
 from a4ray.core.rundir import RunDir
 from a4ray.observe.stacks import dump, py_spy
 from a4ray.runtime.connect import Connection
@@ -216,15 +217,26 @@ class Doctor(Workload[JobSpec]):
 
     def run(self, conn: Connection, run_dir: RunDir, *, log_dir: Path | None = None) -> DoctorResult:
         workspace = conn.workspace(self.spec.storage)
+        history = NodeHistory(run_dir.workspace)
         with Gang(self.spec, log_dir=str(log_dir or run_dir.logs), run_dir=str(run_dir.root)) as gang:
             gang.start()
-            return check_gang(gang, str(workspace), simulated=conn.simulated)
+            result = check_gang(gang, str(workspace), simulated=conn.simulated, history=history)
+        for check in result.failures:
+            if check.node is not None:
+                history.add(check.host, "doctor-failed", run=run_dir.id, detail=f"{check.name}: {check.detail}")
+        return result
 
 
-def check_gang(gang, workspace: str, *, simulated: bool) -> DoctorResult:
+def check_gang(gang, workspace: str, *, simulated: bool, history: NodeHistory | None = None) -> DoctorResult:
     spec, actors = gang.spec, gang.actors
     hosts = [n.short_name(spec.cluster.topology) for n in gang.nodes]
     checks: list[Check] = []
+    if history is not None:  # what the workspace remembers of each node: a warning, not a failure
+        for rank, host in enumerate(hosts):
+            events = history.events(host)
+            checks.append(Check(node=rank, host=host, name="history", status="warn" if events else "ok",
+                                detail=summarize(events),
+                                fix=f"`a4ray nodes forget {host}` once the node is repaired" if events else ""))
 
     local = ray.get([a.call.remote(node_checks, spec.cluster.gpus_per_node, spec.network, workspace,
                                    spec.doctor, simulated) for a in actors], timeout=300)

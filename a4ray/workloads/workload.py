@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from a4ray.core.console import say
 from a4ray.core.errors import Cancelled, GangFailed
+from a4ray.core.node_history import NodeHistory
 from a4ray.core.redact import Redactor, secret_values
 from a4ray.core.results import Result
 from a4ray.core.rundir import RunDir
@@ -22,7 +23,7 @@ from a4ray.runtime.connect import Connection
 from a4ray.runtime.gang import Gang
 from a4ray.runtime.launch import GangResult, Launch, NodeContext, Peer
 from a4ray.runtime.netenv import describe_env_plan
-from a4ray.runtime.restart import should_retry
+from a4ray.runtime.restart import blamed_nodes, should_retry
 from a4ray.spec.job import JobSpec
 
 S = TypeVar("S", bound=JobSpec)
@@ -122,21 +123,30 @@ class Workload(ABC, Generic[S]):
         to `log_dir` (default: the run directory's `logs/`). A job that is not a gang launch (conversion: a
         cache check, Ray tasks) overrides this."""
         spec, attempt = self.spec, 0
+        history = NodeHistory(run_dir.workspace)
+        avoid: dict[str, str] = {}  # host -> why: the nodes the failed attempts are attributed to
         while True:
             metrics.record_attempt(spec.name, run_dir.id, attempt)
             if attempt:
                 note = self.resume_note()
                 say(f"attempt {attempt}/{spec.restart.max_restarts}: relaunching on a new gang"
                     + (f"; {note}" if note else ""))
-            with Gang(spec, log_dir=str(log_dir or run_dir.logs), run_dir=str(run_dir.root), attempt=attempt) as gang:
+            with Gang(spec, log_dir=str(log_dir or run_dir.logs), run_dir=str(run_dir.root), attempt=attempt,
+                      avoid=avoid) as gang:
                 result = self.execute(gang)
             if result.gang is None:
                 return result
+            blamed = blamed_nodes(result.gang)
+            for host, (event, why) in blamed.items():
+                history.add(host, event, run=run_dir.id, detail=why)
+            for straggler in result.gang.stragglers:
+                history.add(straggler.node.host, "straggler", run=run_dir.id, detail=straggler.line())
             retry, why = should_retry(result.gang, spec.restart, attempt)
             if not retry:
                 if spec.restart.max_restarts or attempt:
                     say(f"not restarting: {why}")
                 return result
+            avoid.update({host: why for host, (_, why) in blamed.items()})
             attempt += 1
             say(f"restarting in {spec.restart.backoff_s:g}s: {why}")
             time.sleep(spec.restart.backoff_s)

@@ -1,0 +1,319 @@
+"""Naming the culprit, on a real local cluster with real torchrun-contract ranks on gloo: which rank a hung
+collective waits for (from the ranks' flight records, else their stacks), which node is a straggler, and
+the next attempt kept off the node that failed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import ray
+from conftest import job
+from test_observe import scrape
+
+from a4ray import api
+from a4ray.cli import main as cli_main
+from a4ray.core.errors import GangHang
+from a4ray.core.node_history import NodeHistory
+from a4ray.driver.execute import run
+from a4ray.observe.verdicts import HangVerdict
+from a4ray.staging.standins import make_all
+from a4ray.workloads.doctor import Doctor
+from a4ray.runtime.gang import Gang
+from a4ray.workloads.generic import Command
+
+pytestmark = pytest.mark.slow
+
+# Rank 3 (node 1's second rank) never enters the 4th all-reduce: it sits in its "data loader".
+STUCK_AT_4TH = """
+import os, time, torch, torch.distributed as dist
+{init}
+rank = dist.get_rank()
+
+def load_batch(it):
+    if rank == 3 and it == 4:
+        time.sleep(3600)
+    return torch.ones(4)
+
+for it in range(1, 100):
+    batch = load_batch(it)
+    dist.all_reduce(batch)
+    if rank == 0:
+        print(f" iteration {{it:8d}}/      99 | elapsed time per iteration (ms): 100.0 | lm loss: 1.0 |", flush=True)
+"""
+A4RAY_INIT = "from a4ray.programs.distributed import init_distributed\ninit_distributed('gloo')"
+PLAIN_INIT = "dist.init_process_group('gloo')"
+HOST_LABEL = "cloud.google.com/gce-topology-host"  # the simulated nodes' host label, as GKE's
+
+
+def _hang(tmp_path: Path, init: str):
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_AT_4TH.format(init=init))
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", f"command.argv=[{script}]",
+               "command.torchrun=true", "observe.watchdog.no_progress_s=4", workspace=tmp_path)
+    with pytest.raises(GangHang) as e:
+        with Gang(spec, log_dir=str(tmp_path / "logs"), run_dir=str(tmp_path / tmp_path.name)) as gang:
+            gang.run(Command(spec).launch)
+    result = e.value.result
+    assert result.failure_kind == "hang" and result.hang_verdict is not None
+    return result, gang, str(e.value)
+
+
+def test_a_hang_in_a_users_program_names_the_rank_from_the_stacks(local_cluster, tmp_path):
+    """A user's program on gloo serves no flight record: the stacks are the evidence, and the verdict says so."""
+    result, gang, message = _hang(tmp_path, PLAIN_INIT)
+    verdict = result.hang_verdict
+    assert [c.rank for c in verdict.culprits] == [3] and verdict.culprits[0].node.node == 1, verdict
+    assert verdict.culprits[0].where == "load_batch (stuck.py:8)"
+    assert verdict.collective is None and verdict.waiting == [0, 1, 2]
+    assert verdict.evidence[0].startswith("stacks of rank(s) 0-3 (no flight record: no flight-record server")
+    assert re.search(r"culprit: rank 3 on node 1 \(\S+, 127\.0\.0\.\d+", message), message
+
+
+def test_a_hang_names_the_rank_that_never_joined_and_the_retry_keeps_off_its_node(local_cluster, tmp_path, capfd):
+    """a4ray's rank programs serve their flight record: attempt 0 hangs with rank 3 (node 1) outside the 4th
+    all-reduce; the verdict rests on the records and names collective #4; the restart decision takes it, and
+    attempt 1 runs on nodes other than the culprit's."""
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_AT_4TH.format(init=A4RAY_INIT).replace("if rank == 3 and it == 4:",
+                                                                   "if rank == 3 and it == 4 and os.environ['A4RAY_ATTEMPT'] == '0':")
+                      .replace("range(1, 100)", "range(1, 8)")
+                      + "from a4ray.programs.distributed import exit_distributed\nexit_distributed(0)\n")
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", f"command.argv=[{script}]",
+               "command.torchrun=true", "observe.watchdog.no_progress_s=4", "restart.max_restarts=1",
+               "restart.backoff_s=0", workspace=tmp_path)
+    result = run(spec)
+    out = capfd.readouterr().out
+    assert result.ok and result.gang.attempt == 1, result.verdict
+    run_dir = Path(result.gang.log_dir).parent
+    verdict = HangVerdict.model_validate_json((run_dir / "hang" / "verdict.json").read_text())
+    assert [c.rank for c in verdict.culprits] == [3], verdict
+    culprit = verdict.culprits[0].node
+    labelled = next(n for n in ray.nodes() if n["Alive"] and n["Labels"].get(HOST_LABEL) == culprit.host)
+    assert culprit.node == 1 and culprit.ip == labelled["NodeManagerAddress"]
+    assert verdict.collective.seq == 4 and verdict.collective.op == "gloo:all_reduce"
+    assert verdict.collective.input_sizes == [[4]] and verdict.waiting == [0, 1, 2]
+    assert verdict.evidence[0].startswith("flight recorder of rank(s) 0-3")
+    # Every rank's record is in the run's logs; the one that never joined stopped at #3.
+    records = {r: json.loads((run_dir / "logs" / "flight-recorder" / f"rank_{r}.json").read_text()) for r in range(4)}
+    assert max(e["collective_seq_id"] for e in records[3]["entries"]) == 3
+    host = culprit.host
+    assert re.search(rf"the launch hung: .*culprit: rank 3 on node 1 \({host}, {culprit.ip}, \S+\) "
+                     r"\[load_batch \(stuck.py:9\)\] never joined gloo:all_reduce #4 of process group default, "
+                     r"sizes \[\[4\]\] that ranks 0-2 wait in", out), out
+    # The restart decision and the next gang's placement take the verdict; the node history keeps it.
+    assert re.search(rf"restarting in 0s: the launch hung on rank 3 \({host}\)", out), out
+    assert re.search(rf"keeping off {host} \({host}: rank 3 on node 1 never joined gloo:all_reduce #4 of process "
+                     r"group default", out), out
+    assert host not in {n.host for n in result.gang.nodes}
+    assert [e.event for e in NodeHistory(tmp_path).events(host)] == ["hang-culprit"]
+    deadline, counted = time.monotonic() + 60, []
+    while time.monotonic() < deadline and not counted:
+        counted = scrape(rf'^ray_a4ray_hang_culprit_total\{{.*run="{run_dir.name}"')
+        time.sleep(1)
+    assert len(counted) == 1 and 'node="1"' in counted[0] and f'host="{host}"' in counted[0], counted
+
+
+# Attempt 0 runs until its node is killed; a later attempt finishes. Each rank says where it ran.
+ONE_ATTEMPT_DIES = """
+import os, pathlib, sys, time
+out = pathlib.Path(sys.argv[1])
+attempt = os.environ["A4RAY_ATTEMPT"]
+(out / f"attempt{attempt}-node{os.environ['GROUP_RANK']}").write_text(str(os.getpid()))
+while attempt == "0":
+    time.sleep(0.2)
+"""
+
+
+def _kill_node_actor_of(pid_file: Path, within_s: float = 60) -> None:
+    """SIGKILL the node actor (the Ray worker) above the rank whose pid `pid_file` holds: the node stays in
+    the cluster, its gang member is lost."""
+    deadline = time.monotonic() + within_s
+    while not pid_file.is_file() or not pid_file.read_text():
+        assert time.monotonic() < deadline, f"{pid_file} never written"
+        time.sleep(0.1)
+    proc = psutil.Process(int(pid_file.read_text()))
+    actor = next(p for p in proc.parents() if "NodeActor" in " ".join(p.cmdline()))
+    actor.kill()
+
+
+def _attempt_after_a_lost_node(tmp_path: Path, nodes: int, capfd):
+    out = tmp_path / "where"
+    out.mkdir()
+    script = tmp_path / "dies.py"
+    script.write_text(ONE_ATTEMPT_DIES)
+    spec = job("command", f"cluster.nodes={nodes}", "cluster.gpus_per_node=1", "command.torchrun=true",
+               f"command.argv=[{script}, {out}]", "restart.max_restarts=1", "restart.backoff_s=0", workspace=tmp_path)
+    killer = threading.Thread(target=_kill_node_actor_of, args=(out / "attempt0-node1",), daemon=True)
+    killer.start()
+    result = run(spec)
+    killer.join(timeout=5)
+    return result, capfd.readouterr().out
+
+
+def test_the_retry_keeps_off_the_node_that_was_lost(local_cluster, tmp_path, capfd):
+    """3 nodes, a 2-node gang, node 1's actor killed: attempt 1 runs on the other two and says which it avoided;
+    the workspace's node history records the loss, and `a4ray nodes forget` clears it."""
+    result, out = _attempt_after_a_lost_node(tmp_path, 2, capfd)
+    assert result.ok and result.gang.attempt == 1, result.verdict
+    host = re.search(r"node 1 \(\S+ \([\d.]+, \S+/(sim-host-\d+)\)\) was lost", out).group(1)
+    assert re.search(rf"keeping off {host} \({host}: node 1 \([\d.]+\) was lost in launch \S+\); 2 other node\(s\) "
+                     r"fit, the gang needs 2", out), out
+    assert host not in {n.host for n in result.gang.nodes}
+    history = NodeHistory(Path(result.gang.log_dir).parents[2])
+    events = history.events(host)
+    assert [e.event for e in events] == ["lost"] and events[0].run == Path(result.gang.log_dir).parent.name
+    assert [e.event for e in api.nodes(history.dir.parent)[host]] == ["lost"]
+    spec = job("ddp_test", "cluster.nodes=3", "cluster.gpus_per_node=1", "doctor.network=false",
+               workspace=history.dir.parent)
+    rows = {c.host: c for c in run(spec, job=Doctor(spec)).checks if c.name == "history"}
+    assert rows[host].status == "warn" and rows[host].detail.startswith("1 lost (last ")
+    assert rows[host].fix == f"`a4ray nodes forget {host}` once the node is repaired"
+    assert [r.status for h, r in rows.items() if h != host] == ["ok", "ok"]
+    assert cli_main(["nodes", "--workspace", str(history.dir.parent)]) == 0
+    assert f"{host}: 1 lost" in capfd.readouterr().out
+    assert cli_main(["nodes", "forget", host, "--workspace", str(history.dir.parent)]) == 0
+    assert history.events(host) == []
+
+
+def test_the_retry_says_when_it_cannot_keep_off_the_lost_node(local_cluster, tmp_path, capfd):
+    """A gang as large as the cluster (3 of 3 nodes): the retry cannot avoid the node, says so and what it does."""
+    result, out = _attempt_after_a_lost_node(tmp_path, 3, capfd)
+    assert result.ok and result.gang.attempt == 1, result.verdict
+    assert re.search(r"cannot keep off (\S+) \(.*\): only 2 other node\(s\) fit and the gang needs 3, and nothing "
+                     r"can add nodes to a cluster of simulated nodes .*; placing the gang on the nodes there are, "
+                     r"that one included", out), out
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory):
+    return make_all(tmp_path_factory.mktemp("standins"))
+
+
+def _slow_down(marker: str, node: int, stop: threading.Event, stopped_s: float = 0.04, period_s: float = 0.05) -> None:
+    """Make node `node`'s ranks slower from outside: SIGSTOP / SIGCONT at a duty cycle (a throttled GPU, a noisy
+    neighbour), until `stop` is set. The running slot is shorter than a step's compute (~20 ms here), so every
+    step is slowed: with a longer one, a rank resumed at the end of a collective computes inside it, unslowed."""
+    ranks: list[psutil.Process] = []
+    while not stop.is_set():
+        if not ranks:
+            for proc in psutil.process_iter(["cmdline"]):
+                with contextlib.suppress(psutil.Error):
+                    cmd = " ".join(proc.info["cmdline"] or [])
+                    if marker in cmd and "a4ray.mcore" in cmd and "a4ray.runtime.ranks" not in cmd \
+                            and proc.environ().get("GROUP_RANK") == str(node):
+                        ranks.append(proc)
+        for proc in list(ranks):
+            try:
+                proc.suspend()
+            except psutil.Error:
+                ranks.remove(proc)
+        time.sleep(stopped_s)
+        for proc in ranks:
+            with contextlib.suppress(psutil.Error):
+                proc.resume()
+        time.sleep(period_s - stopped_s)
+
+
+def _megatron_on_three_nodes(tmp_path: Path, standins: dict, slow_node: int | None):
+    save = tmp_path / "save"
+    spec = job("command", "cluster.nodes=3", "cluster.gpus_per_node=1", "command.torchrun=true", "command.argv=[x]",
+               "observe.straggler.threshold=1.0", "observe.straggler.windows=2", workspace=tmp_path)
+    spec = spec.set("command.argv", [
+        "-m", "a4ray.mcore", "--model", str(standins["qwen3-moe-tiny"]), "--save", str(save), "--data-path",
+        str(standins["qwen-datasets"] / "mmap_qwen3_datasets_text_document"), "--seq-length", "32",
+        "--global-batch-size", "3", "--train-iters", "24", "--log-interval", "4", "--save-interval", "1000",
+        "--distributed-optimizer", "off", "--naming", "local", "--threads", "1"])
+    stop = threading.Event()
+    slower = threading.Thread(target=_slow_down, args=(str(save), slow_node, stop), daemon=True)
+    if slow_node is not None:
+        slower.start()
+    try:
+        result = run(spec)
+    finally:
+        stop.set()
+    if slow_node is not None:
+        slower.join(timeout=5)
+    assert result.ok, result.verdict
+    return result
+
+
+def test_a_node_made_slower_is_flagged_a_straggler_and_an_even_gang_flags_none(local_cluster, tmp_path, standins,
+                                                                               capfd):
+    result = _megatron_on_three_nodes(tmp_path / "slow", standins, slow_node=2)
+    out = capfd.readouterr().out
+    flagged = result.gang.stragglers
+    assert [s.node.node for s in flagged] == [2], out[-4000:]
+    node2 = next(n for n in result.gang.nodes if n.gang_rank == 2)
+    assert flagged[0].node.host == node2.host and flagged[0].slower_pct > 100
+    assert re.search(rf"a4ray: straggler: node 2 \({node2.host}, [\d.]+, \S+\) computes \d+% slower than the gang's "
+                     r"median \(\S+s vs \S+s per step\) for 2 window\(s\)", out)
+    events = NodeHistory(tmp_path / "slow").events(node2.host)
+    assert [e.event for e in events] == ["straggler"]
+    # The per-node series, as the dashboard reads them from Prometheus (every node's, every window).
+    run_id = Path(result.gang.log_dir).parent.name
+    deadline, flags = time.monotonic() + 60, []
+    while time.monotonic() < deadline and len(flags) < 3:
+        flags = scrape(rf'^ray_a4ray_node_straggler\{{.*run="{run_id}"')
+        time.sleep(1)
+    assert len(flags) == 3, flags
+    assert all(line.endswith((" 1.0", " 1")) == (f'node="2"' in line) for line in flags), flags
+    assert any(f'host="{node2.host}"' in line for line in flags)
+    assert len(scrape(rf'^ray_a4ray_node_step_time_seconds\{{.*run="{run_id}"')) == 3
+
+    even = _megatron_on_three_nodes(tmp_path / "even", standins, slow_node=None)
+    assert even.gang.stragglers == [] and "straggler:" not in capfd.readouterr().out
+
+
+def test_a_wedged_rank_of_the_megatron_trainer_is_named_from_the_others_records_and_its_stack(local_cluster,
+                                                                                               tmp_path, standins):
+    """a4ray's Megatron trainer on 2 nodes; node 1's rank is stopped (SIGSTOP: a rank too wedged to answer) after
+    iteration 3. Rank 0's flight record shows the collective it waits in; rank 1 answers no record, and its stack
+    shows it stopped: the verdict names rank 1, its node and host, and the collective's sequence number; the node
+    history records the culprit."""
+    save = tmp_path / "save"
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "command.torchrun=true", "command.argv=[x]",
+               "observe.watchdog.no_progress_s=5", workspace=tmp_path)
+    spec = spec.set("command.argv", [
+        "-m", "a4ray.mcore", "--model", str(standins["qwen3-moe-tiny"]), "--save", str(save), "--data-path",
+        str(standins["qwen-datasets"] / "mmap_qwen3_datasets_text_document"), "--seq-length", "32",
+        "--global-batch-size", "2", "--train-iters", "1000", "--save-interval", "100000",
+        "--distributed-optimizer", "off", "--naming", "local", "--threads", "1"])
+    stopped: list[psutil.Process] = []
+
+    def stop_node_1_after_iteration_3():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            logs = list((tmp_path / "runs").glob("*/logs/rank-0001.log"))
+            if logs and re.search(r"iteration\s+3/", logs[0].read_text()):
+                break
+            time.sleep(0.1)
+        for proc in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                cmd = " ".join(proc.info["cmdline"] or [])
+                if str(save) in cmd and "a4ray.runtime.ranks" not in cmd and proc.environ().get("RANK") == "1":
+                    proc.suspend()
+                    stopped.append(proc)
+
+    stopper = threading.Thread(target=stop_node_1_after_iteration_3, daemon=True)
+    stopper.start()
+    result = run(spec)
+    stopper.join(timeout=5)
+    assert stopped and not result.ok and result.gang.failure_kind == "hang", result.verdict
+    verdict = result.gang.hang_verdict
+    node1 = next(n for n in result.gang.nodes if n.gang_rank == 1)
+    assert [(c.rank, c.node.node, c.node.host) for c in verdict.culprits] == [(1, 1, node1.host)], verdict
+    assert verdict.culprits[0].where.startswith("a stopped process (state T)")
+    assert verdict.waiting == [0] and verdict.collective is not None and verdict.collective.seq > 3
+    assert verdict.evidence == ["flight recorder of rank(s) 0", "stacks of rank(s) 1"]
+    record = json.loads((Path(result.gang.log_dir) / "flight-recorder" / "rank_0.json").read_text())
+    assert any(e["collective_seq_id"] == verdict.collective.seq and not e["retired"] for e in record["entries"])
+    assert f"rank 1 on node 1 ({node1.host}" in result.verdict
+    culprit = [e for e in NodeHistory(tmp_path).events(node1.host) if e.event == "hang-culprit"]
+    assert len(culprit) == 1 and f"#{verdict.collective.seq}" in culprit[0].detail
