@@ -13,6 +13,10 @@ Exported by each node's Ray metrics agent (`ray_` is prepended), e.g. `ray_a4ray
   a4ray_gang_attempt               attempt number of the job's gang (0 = first launch)
   a4ray_gang_restarts_total        restarts after failures or hangs
   a4ray_gang_hangs_total           hangs the watchdog detected
+  a4ray_convert_bytes_total        checkpoint bytes a conversion wrote, per node ({job,node})
+  a4ray_convert_rate_bytes_per_s   write rate of the last conversion part a node finished ({job,node})
+
+Staging's own (`a4ray_stage_*`) are staging/display.py's. `observe/grafana.py` charts them all.
 
 Metrics are created lazily, once per process: Ray refuses two metrics with one name in a process.
 """
@@ -80,3 +84,12 @@ def record_attempt(job: str, run: str, attempt: int) -> None:
 def record_hang(job: str, run: str) -> None:
     _metric("counter", "a4ray_gang_hangs_total", "hangs detected by the watchdog", ("job", "run")).inc(
         1, tags={"job": job, "run": run})
+
+
+def record_conversion_part(job: str, node: str, nbytes: int, seconds: float) -> None:
+    """One part of a native conversion written: its bytes, and the rate it was written at."""
+    tags = {"job": job, "node": node}
+    _metric("counter", "a4ray_convert_bytes_total", "checkpoint bytes written by conversion", ("job", "node")).inc(
+        float(nbytes), tags=tags)
+    _metric("gauge", "a4ray_convert_rate_bytes_per_s", "write rate of the last conversion part",
+            ("job", "node")).set(nbytes / max(seconds, 1e-9), tags=tags)
