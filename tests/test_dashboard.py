@@ -163,13 +163,15 @@ async def _browse(dash, shots: Path) -> dict[str, str]:
                 await page.call("Page.enable")
                 await page.call("Page.navigate", url=f"{dash['address']}/#/jobs")
                 pages["login"] = await page.wait_text("Authentication Token Required")
-                # Paste the token into the dialog's field and press Enter, as a person does.
-                await page.call("Runtime.evaluate", expression="document.querySelector('input').focus()")
+                # Paste the token into the dialog's field and press its Submit button, as a person does.
+                await page.call("Runtime.evaluate", expression="document.querySelector('[role=dialog] input').focus()")
                 await page.call("Input.insertText", text=dash["token"])
-                for kind in ("keyDown", "keyUp"):
-                    await page.call("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter",
-                                    windowsVirtualKeyCode=13, text="\r" if kind == "keyDown" else "")
-                await asyncio.sleep(2)
+                await page.call("Runtime.evaluate", expression=(
+                    "[...document.querySelectorAll('[role=dialog] button')]"
+                    ".find(b => b.innerText.trim().toUpperCase() === 'SUBMIT').click()"))
+                deadline = time.monotonic() + 30
+                while "Authentication Token Required" in await page.text() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.5)
                 for name, path, wanted in (("jobs", "#/jobs", (f"{DDP} (ddp_test)", dash["ddp_run"])),
                                            ("actors", "#/actors", (f"{dash['ddp_run']}-ddp_test-n0",))):
                     await page.call("Page.navigate", url=f"{dash['address']}/{path}")
@@ -209,17 +211,19 @@ def test_node_actors_carry_run_step_rank_and_host_in_topology_order(dash):
     order = re.findall(r"node (\d): \S+ \((127\.0\.0\.\d+), [^)]*\) gpus=\S+ actor (\S+)", dash["stream"])
     assert {name for _, _, name in order} == set(actors), (order, sorted(actors))
     assert {f"{run.id}-{step}-n{r}" for step in ("preflight", "train") for r in (0, 1)} == set(actors)
+    nodes = json.loads(_get(f"{dash['address']}/api/v0/nodes?detail=1&limit=100", dash["token"]))
+    ip_of = {n["node_id"]: n["node_ip"] for n in nodes["data"]["result"]["result"]}
     for rank, ip, name in order:
-        actor = actors[name]
-        assert name.endswith(f"-n{rank}") and actor["address"]["ip_address"] == ip, (name, ip, actor["address"])
+        actor = actors[name]  # the suffix is the driver's node rank, and the actor runs on that node
+        assert name.endswith(f"-n{rank}") and ip_of[actor["node_id"]] == ip, (name, ip, ip_of[actor["node_id"]])
         step = name.split("-")[-2]
         host = f"sim-host-{int(ip.rsplit('.', 1)[1]) - 2:03d}"
         assert actor["repr_name"] == (f"NodeActor(node {rank} {host} {ip} block sim-block-0; run {run.id} step "
-                                      f"{step}; ranks {rank})"), actor["repr_name"]
+                                      f"{step} ranks {rank})"), actor["repr_name"]
         # A finished gang's actors ended themselves: Ray says so, not "killed by ray.kill".
         assert actor["state"] == "DEAD"
         died = json.dumps(actor.get("death_cause") or {})
-        assert "exit_actor() is called" in died and "ray.kill" not in died, died
+        assert "INTENDED_USER_EXIT" in died and "ray.kill" not in died, died
     # The staging service stays up between jobs on purpose, and says what it is.
     staging = [a for a in _actors(dash) if a["name"].startswith("a4ray-staging-")]
     assert staging and all("staging service" in a["repr_name"] for a in staging), staging

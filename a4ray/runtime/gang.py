@@ -306,7 +306,7 @@ class Gang:
 
     def close(self) -> None:
         """End the node actors and remove the placement group. An actor ends itself (Ray's `__ray_terminate__`:
-        the dashboard then shows it DEAD with "exit_actor() is called", not "killed by ray.kill"); one that
+        the dashboard then shows an intended exit, "User requested to exit the actor", not "killed by ray.kill"); one that
         cannot answer in time (a stuck node) is killed. The reaper of any launch still running kills its tree."""
         ended = [actor.__ray_terminate__.remote() for actor in self.actors]
         if ended:

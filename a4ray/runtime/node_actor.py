@@ -179,15 +179,15 @@ class NodeActor:
         self._ray_only = _ray_worker_env()  # what Ray set for this worker alone, kept from the commands
 
     def __repr__(self) -> str:
-        """Ray shows this as the actor's Repr on the dashboard and as the prefix of its log lines."""
+        """Ray shows this as the actor's Repr on the dashboard and as the prefix of its log lines. Ray takes it once,
+        when the actor starts (before any iteration); `repr()` on the actor object adds the latest iteration."""
         who = self._identity
         if who is None:
             return "NodeActor()"
         block = f" block {who.block}" if who.block else ""
         ranks = f" ranks {who.ranks}" if who.ranks else ""
-        iteration = "-" if self._iteration is None else str(self._iteration)
-        return (f"NodeActor(node {who.node_rank} {who.host} {who.ip}{block}; run {who.run} step {who.step}{ranks}; "
-                f"iteration {iteration})")
+        iteration = "" if self._iteration is None else f"; iteration {self._iteration}"
+        return f"NodeActor(node {who.node_rank} {who.host} {who.ip}{block}; run {who.run} step {who.step}{ranks}{iteration})"
 
     # ------------------------------------------------------------------ facts
     def facts(self) -> NodeFacts:
