@@ -130,8 +130,13 @@ class Browser:
                 return message.get("result", {})
 
     async def text(self) -> str:
-        result = await self.call("Runtime.evaluate", expression="document.body ? document.body.innerText : ''",
-                                 returnByValue=True)
+        try:
+            result = await self.call("Runtime.evaluate", expression="document.body ? document.body.innerText : ''",
+                                     returnByValue=True)
+        except RuntimeError as e:  # the page was navigating (the dashboard reloads itself after the login)
+            if "navigated" in str(e):
+                return ""
+            raise
         return result["result"].get("value", "")
 
     async def wait_text(self, *wanted: str, timeout_s: float = 60) -> str:
