@@ -219,6 +219,8 @@ def test_node_actors_carry_run_step_rank_and_host_in_topology_order(dash):
     assert {f"{run.id}-{step}-n{r}" for step in ("preflight", "train") for r in (0, 1)} == set(actors)
     nodes = json.loads(_get(f"{dash['address']}/api/v0/nodes?detail=1&limit=100", dash["token"]))
     ip_of = {n["node_id"]: n["node_ip"] for n in nodes["data"]["result"]["result"]}
+    # The Cluster page names each simulated node by its host label, not the machine's one hostname.
+    assert {n["node_name"] for n in nodes["data"]["result"]["result"]} == {"head", "sim-host-000", "sim-host-001"}
     for rank, ip, name in order:
         actor = actors[name]  # the suffix is the driver's node rank, and the actor runs on that node
         assert name.endswith(f"-n{rank}") and ip_of[actor["node_id"]] == ip, (name, ip, ip_of[actor["node_id"]])

@@ -163,7 +163,7 @@ class SimulatedCluster:
         head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard, dashboard_host=self.host,
                     env_vars={LOCAL_ROOT_ENV: self.root, **_python_first()},
                     object_store_memory=128 * 2**20, dashboard_agent_listen_port=_free_port(),
-                    labels={SIMULATED_LABEL: "true"}, **where)
+                    labels={SIMULATED_LABEL: "true"}, node_name="head", **where)
         if self.client_port:
             head["ray_client_server_port"] = self.client_port
         if self.dashboard:  # Ray's usual port where it is free: another cluster on this machine may hold it
@@ -200,6 +200,7 @@ class SimulatedCluster:
             # node's agent replaces that copy when it first sets the job up. Simulated nodes share one
             # session directory: in a shared one, node 1 would delete the copy node 0's processes run in.
             runtime_env_dir_name=f"runtime_resources_node{index}", **ip,
+            node_name=labels[self.topology.host_label],  # the dashboard's Cluster page: not one hostname thrice
         )
         self.workers[index] = node
         return node
