@@ -69,7 +69,8 @@ class Run:
         finally:
             undo()
 
-    def start(self, entrypoint: str, *, runtime_env: dict | None = None, metadata: dict[str, str] | None = None) -> None:
+    def start(self, entrypoint: str, *, runtime_env: dict | None = None,
+              metadata: dict[str, str] | None = None) -> None:
         """Submit the Ray job that runs this run (`a4ray.submit` calls this once). `metadata`: shown with the job
         (its `job_name` in the Name column of the dashboard's Jobs page)."""
         (self.root / RECORD).write_text(json.dumps({"id": self.id, "job_api": self.job_api,

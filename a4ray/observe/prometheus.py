@@ -97,7 +97,8 @@ class LocalPrometheus:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise A4RayError(f"Prometheus did not become ready on {self.url} in {timeout_s:g}s", hint=f"its log: {self.log}")
+        raise A4RayError(f"Prometheus did not become ready on {self.url} in {timeout_s:g}s",
+                         hint=f"its log: {self.log}")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -122,8 +122,9 @@ class Gang:
 
     def _identity(self, rank: int, node: NodeFacts) -> NodeIdentity:
         g = self.cluster.gpus_per_node
-        return NodeIdentity(run=self.run_id, step=self.step, node_rank=rank, host=node.short_name(self.cluster.topology),
-                            ip=node.ip, block=node.labels.get(self.cluster.topology.block_label, ""),
+        return NodeIdentity(run=self.run_id, step=self.step, node_rank=rank,
+                            host=node.short_name(self.cluster.topology), ip=node.ip,
+                            block=node.labels.get(self.cluster.topology.block_label, ""),
                             ranks=f"{rank * g}-{rank * g + g - 1}" if g > 1 else str(rank))
 
     def _wait_placed(self, t0: float) -> None:
@@ -305,9 +306,9 @@ class Gang:
             pass
 
     def close(self) -> None:
-        """End the node actors and remove the placement group. An actor ends itself (Ray's `__ray_terminate__`:
-        the dashboard then shows an intended exit, "User requested to exit the actor", not "killed by ray.kill"); one that
-        cannot answer in time (a stuck node) is killed. The reaper of any launch still running kills its tree."""
+        """End the node actors and remove the placement group. An actor ends itself (Ray's `__ray_terminate__`: the
+        dashboard then shows an intended exit, "User requested to exit the actor", not "killed by ray.kill"); one
+        that cannot answer in time (a stuck node) is killed. The reaper of any launch still running kills its tree."""
         ended = [actor.__ray_terminate__.remote() for actor in self.actors]
         if ended:
             ready, _ = ray.wait(ended, num_returns=len(ended), timeout=_END_WAIT_S)

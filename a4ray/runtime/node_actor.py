@@ -187,7 +187,8 @@ class NodeActor:
         block = f" block {who.block}" if who.block else ""
         ranks = f" ranks {who.ranks}" if who.ranks else ""
         iteration = "" if self._iteration is None else f"; iteration {self._iteration}"
-        return f"NodeActor(node {who.node_rank} {who.host} {who.ip}{block}; run {who.run} step {who.step}{ranks}{iteration})"
+        return (f"NodeActor(node {who.node_rank} {who.host} {who.ip}{block}; run {who.run} step {who.step}{ranks}"
+                f"{iteration})")
 
     # ------------------------------------------------------------------ facts
     def facts(self) -> NodeFacts:
