@@ -1,7 +1,7 @@
 # The two commands of the README, and what they need. Everything installs into ./.venv.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := openmpi-bin libopenmpi-dev shellcheck
+APT_PACKAGES := openmpi-bin libopenmpi-dev shellcheck prometheus chromium
 
 .PHONY: install system-deps rehearsal rehearsal-stage test kuberay
 
@@ -15,9 +15,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# OpenMPI (MPI-through-Ray tests) and shellcheck (launcher tests) come from Debian's packages.
+# OpenMPI (MPI-through-Ray tests), shellcheck (launcher tests), Prometheus (`a4ray local up`'s metrics) and
+# Chromium (the dashboard tests, headless) come from Debian's packages.
 system-deps:
-	@missing=""; command -v mpirun >/dev/null || missing="yes"; command -v shellcheck >/dev/null || missing="yes"; \
+	@missing=""; for tool in mpirun shellcheck prometheus chromium; do command -v $$tool >/dev/null || missing="yes"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then (apt-get install -y -q $(APT_PACKAGES) || (apt-get update -q && apt-get install -y -q $(APT_PACKAGES))) >/dev/null; \
 	  else echo "install as root: apt-get install -y $(APT_PACKAGES)"; exit 1; fi; fi

@@ -26,7 +26,7 @@ from a4ray.core.errors import A4RayError
 from a4ray.core.node_history import NodeEvent, NodeHistory
 from a4ray.core.results import Result
 from a4ray.driver import execute, session
-from a4ray.driver.handle import Run, RunList, find_runs
+from a4ray.driver.handle import Run, RunList, find_run, find_runs
 from a4ray.driver.handle import submit as submit_run
 from a4ray.driver.session import Cluster, connect, current
 from a4ray.spec.job import JobSpec
@@ -75,11 +75,13 @@ def runs(workspace: str | Path | None = None, *, job: str | None = None) -> RunL
 
 
 def get_run(run_id: str, workspace: str | Path | None = None) -> Run:
-    """The run `run_id` (its run directory's name), e.g. after a kernel restart."""
-    root = session.workspace(workspace) / "runs" / run_id
-    if not root.is_dir():
-        raise A4RayError(f"no run {run_id!r} in {root.parent}", hint="a4ray.runs() lists the runs there")
-    return Run.at(root)
+    """The run `run_id` (its run directory's name, or the Ray submission id of the `ray job submit` that ran it),
+    e.g. after a kernel restart."""
+    runs = session.workspace(workspace) / "runs"
+    run = find_run(runs.parent, run_id)
+    if run is None:
+        raise A4RayError(f"no run {run_id!r} in {runs}", hint="a4ray.runs() lists the runs there")
+    return run
 
 
 def nodes(workspace: str | Path | None = None) -> dict[str, list[NodeEvent]]:

@@ -311,10 +311,22 @@ def test_kuberay_dir_is_what_a4ray_render_produces(tmp_path, monkeypatch):
         assert cli(["render", what, "-o", str(out), *rest]) == 0, line
         assert out.read_text() == (REPO / "kuberay" / file).read_text(), f"kuberay/{file} is stale: make kuberay"
         produced.add(file)
-    assert produced == {p.name for p in (REPO / "kuberay").glob("*.yaml")}
+    assert produced == {p.name for p in (REPO / "kuberay").iterdir() if p.suffix in (".yaml", ".json")}
     assert {"raycluster-a4-2node.yaml", "raycluster-a4-4node.yaml", "rayjob-qwen3-next.yaml",
             "rayjob-nccl-test.yaml", "rayjob-deepep-test.yaml"} <= produced
     four = yaml.safe_load((REPO / "kuberay/raycluster-a4-4node.yaml").read_text())
     assert four["spec"]["workerGroupSpecs"][0]["replicas"] == 4
     qwen = yaml.safe_load((REPO / "kuberay/rayjob-qwen3-next.yaml").read_text())
     assert qwen["spec"]["entrypoint"].startswith("python -m a4ray.qwen3_next")
+    # The Ray dashboard's Metrics page: the head names Prometheus and Grafana (Ray reads these at its start) ...
+    head_env = {e["name"]: e.get("value") for e in
+                four["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    assert head_env["RAY_GRAFANA_HOST"].startswith("http://") and head_env["RAY_PROMETHEUS_HOST"].startswith("http://")
+    # ... and a4ray's charts ship as the ConfigMap Grafana's dashboard sidecar loads (its label), holding the JSON.
+    charts = yaml.safe_load((REPO / "kuberay/a4ray-grafana-dashboard.yaml").read_text())
+    assert charts["kind"] == "ConfigMap" and charts["metadata"]["labels"] == {"grafana_dashboard": "1"}
+    dashboard = json.loads((REPO / "kuberay/a4ray-grafana-dashboard.json").read_text())
+    assert json.loads(charts["data"]["a4ray_grafana_dashboard.json"]) == dashboard
+    titles = {panel["title"] for panel in dashboard["panels"]}
+    assert {"Loss", "Tokens per second", "Step time per node", "Stragglers", "Hang culprits", "Staging throughput",
+            "Conversion throughput"} <= titles

@@ -19,7 +19,17 @@ import time
 from a4ray.core.console import say, table, warn
 from a4ray.core.errors import A4RayError, KubeError
 from a4ray.driver.main import error_exit
-from a4ray.k8s.render import BUNDLED, default_entrypoint, job_name, render_cluster, render_job
+from a4ray.k8s.render import (
+    BUNDLED,
+    GRAFANA_NAMESPACE,
+    default_entrypoint,
+    grafana_dashboard_configmap,
+    job_name,
+    render_cluster,
+    render_job,
+    to_yaml,
+)
+from a4ray.observe import grafana
 from a4ray.spec.loader import load_job
 
 
@@ -52,6 +62,13 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     _command(job)
     cluster.set_defaults(func=_render)
     job.set_defaults(func=_render)
+    charts = render.add_parser("grafana", help="a4ray's Grafana dashboard: a ConfigMap Grafana's sidecar loads, or "
+                               "its JSON (--format json) to import")
+    charts.add_argument("--format", choices=("configmap", "json"), default="configmap")
+    charts.add_argument("-n", "--namespace", default=GRAFANA_NAMESPACE, help="Grafana's namespace (default: "
+                        "%(default)s, as KubeRay's Prometheus/Grafana guide installs it)")
+    charts.add_argument("-o", "--output", metavar="FILE", help="write it here instead of stdout")
+    charts.set_defaults(func=_render_grafana)
 
     up = sub.add_parser("up", help="create the RayCluster of a spec and wait for its head")
     _spec_options(up)
@@ -132,6 +149,18 @@ def _warn_all(rendered) -> None:
 
 
 # ---------------------------------------------------------------------------------------- commands
+
+
+def _render_grafana(args: argparse.Namespace) -> int:
+    text = (grafana.dashboard_json() if args.format == "json"
+            else to_yaml([grafana_dashboard_configmap(args.namespace)]))
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+        say(f"wrote a4ray's Grafana dashboard ({args.format}) to {args.output}")
+    else:
+        print(text, end="", flush=True)
+    return 0
 
 
 @_main

@@ -14,6 +14,7 @@ import signal
 import threading
 
 from a4ray.core.console import say
+from a4ray.observe import prometheus
 from a4ray.runtime import auth
 from a4ray.runtime.simulated import SimulatedCluster
 
@@ -27,24 +28,37 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--machine-type", default="a4-highgpu-8g")
     up.add_argument("--dashboard-port", type=int, default=8265)
     up.add_argument("--client-port", type=int, default=10001, help="Ray Client port (ray://127.0.0.1:PORT); 0: none")
+    up.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=None,
+                    help="run a Prometheus on loopback scraping the cluster, for the dashboard's Metrics page "
+                    "(default: on where `prometheus` is installed)")
     up.add_argument("--host", default=auth.LOOPBACK, help="address the head binds and advertises (default: "
                     "%(default)s, this machine only; this machine's IP opens it to others, token-authenticated)")
     up.set_defaults(func=_up)
 
 
 def _up(args: argparse.Namespace) -> int:
+    metrics = prometheus.installed() is not None if args.metrics is None else args.metrics
     cluster = SimulatedCluster(args.nodes, args.gpus_per_node, machine_type=args.machine_type,
                                dashboard=True, dashboard_port=args.dashboard_port,
-                               client_port=args.client_port or None, host=args.host)
+                               client_port=args.client_port or None, host=args.host,
+                               prometheus=prometheus.LocalPrometheus() if metrics else None)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
         cluster.start()
         say(cluster.describe())
-        say(f"dashboard: http://{cluster.dashboard_url}" if cluster.dashboard_url else "dashboard: off")
         host = "127.0.0.1" if args.host == "0.0.0.0" else args.host
-        say(f"Ray token authentication is on; the token is in {auth.token_file()} (this user's; never printed)")
+        say(f"Ray token authentication is on; the token is in {auth.token_file()} (this user's; a4ray never prints it)")
+        if cluster.dashboard_url:
+            say(f"dashboard: http://{host}:{cluster.dashboard_url.rsplit(':', 1)[1]} (it asks for the token: run "
+                "`ray get-auth-token` and paste what it prints into its Authentication Token field)")
+        if cluster.prometheus:
+            say(f"metrics: Prometheus at {cluster.prometheus.url} scrapes every node (a4ray's: ray_a4ray_*); "
+                f"{prometheus.NO_GRAFANA}")
+        else:
+            say("metrics: no Prometheus (`apt-get install prometheus`, then --metrics): the dashboard's Metrics "
+                "page stays empty")
         say(f"submit jobs with: {auth.submit_hint(f'http://{host}:{args.dashboard_port}')}python -m a4ray.ddp_test")
         if args.client_port:
             say(f"or from Python / a notebook: a4ray.connect('ray://{host}:{args.client_port}')")

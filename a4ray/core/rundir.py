@@ -24,6 +24,17 @@ from a4ray.core.errors import A4RayError
 from a4ray.core.redact import redact
 
 
+def ray_submission_id() -> str | None:
+    """The submission id (`raysubmit_...`, or the one given) of the Ray job this process drives, if a job API started
+    it: Ray's job supervisor hands its driver the job's config, the id in its metadata, in this variable
+    (ray/dashboard/modules/job/job_supervisor.py, `_get_driver_env_vars`)."""
+    try:
+        config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+        return (config.get("metadata") or {}).get("job_submission_id") or None
+    except (ValueError, AttributeError):
+        return None
+
+
 class RunDir:
     def __init__(self, root: Path):
         self.root = root
@@ -72,20 +83,26 @@ class RunDir:
         return self.write("result.json", result)
 
     def write_driver(self) -> None:
-        """Name this process as the run's driver (a reader then tells a run in progress from one whose driver died)."""
+        """Name this process as the run's driver (a reader then tells a run in progress from one whose driver died),
+        and the Ray job it drives where `ray job submit` started it (`a4ray.get_run` finds the run by that id)."""
         self.write("driver.json", {"pid": os.getpid(), "host": socket.gethostname(),
-                                   "started": psutil.Process().create_time()})
+                                   "started": psutil.Process().create_time(),
+                                   "ray_submission_id": ray_submission_id()})
+
+    def driver(self) -> dict:
+        """What `write_driver` recorded ({} if nothing, or nothing readable)."""
+        try:
+            return json.loads((self.root / "driver.json").read_text())
+        except (OSError, ValueError):
+            return {}
 
     def driver_lost(self) -> str | None:
         """Why the run will never record a result, if its driver is gone: it recorded none, and its process
         (on this host) no longer exists. None while it may still be running, or where this cannot be told."""
         if (self.root / "result.json").exists():
             return None
-        try:
-            driver = json.loads((self.root / "driver.json").read_text())
-        except (OSError, ValueError):
-            return None
-        if driver.get("host") != socket.gethostname():
+        driver = self.driver()
+        if not driver or driver.get("host") != socket.gethostname():
             return None
         try:
             if psutil.Process(driver["pid"]).create_time() == driver["started"]:

@@ -32,6 +32,7 @@ from a4ray.runtime import auth
 from a4ray.runtime.connect import Connection
 from a4ray.spec.job import JobSpec
 from a4ray.spec.loader import load_job
+from a4ray.spec.recipes import RecipeJob
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 RECORD = "run.json"
@@ -68,12 +69,14 @@ class Run:
         finally:
             undo()
 
-    def start(self, entrypoint: str, *, runtime_env: dict | None = None) -> None:
-        """Submit the Ray job that runs this run (`a4ray.submit` calls this once)."""
+    def start(self, entrypoint: str, *, runtime_env: dict | None = None,
+              metadata: dict[str, str] | None = None) -> None:
+        """Submit the Ray job that runs this run (`a4ray.submit` calls this once). `metadata`: shown with the job
+        (its `job_name` in the Name column of the dashboard's Jobs page)."""
         (self.root / RECORD).write_text(json.dumps({"id": self.id, "job_api": self.job_api,
                                                     "entrypoint": entrypoint, "submitted_at": time.time()}))
         self._client().submit_job(entrypoint=entrypoint, submission_id=self.id, runtime_env=runtime_env,
-                                  metadata={"a4ray_run_dir": str(self.root)})
+                                  metadata={**(metadata or {}), "a4ray_run_dir": str(self.root)})
 
     def _job_status(self) -> str | None:
         """The Ray job's status, or None where no job API knows the job (not submitted, cluster gone)."""
@@ -210,6 +213,26 @@ class RunList(list):
         return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def find_run(workspace: Path, run_id: str) -> Run | None:
+    """The run `run_id` in the workspace: its run directory's name (also the Ray submission id of a run
+    `a4ray.submit` started), or the Ray submission id of a `ray job submit` whose driver ran it."""
+    root = workspace / "runs" / run_id
+    if (root / "logs").is_dir():
+        return Run.at(root)
+    for driver in (workspace / "runs").glob("*/driver.json"):
+        if RunDir(driver.parent).driver().get("ray_submission_id") == run_id:
+            return Run.at(driver.parent)
+    return None
+
+
+def job_metadata(spec: JobSpec, run_id: str) -> dict[str, str]:
+    """The Ray job's metadata: a readable `job_name` (the Name column of the dashboard's Jobs page; its Submission
+    ID is the run id) and what ties the job to its a4ray run."""
+    recipe = spec.kind if isinstance(spec, RecipeJob) else ""
+    return {"job_name": f"{spec.name} ({spec.kind}{' recipe' if recipe else ''})",
+            "a4ray_run_id": run_id, "a4ray_kind": spec.kind, "a4ray_recipe": recipe, "a4ray_spec": spec.name}
+
+
 def find_runs(workspace: Path, *, job: str | None = None) -> RunList:
     roots = [p for p in (workspace / "runs").glob("*") if (p / "logs").is_dir()]
     if job:
@@ -252,6 +275,6 @@ def submit(spec: JobSpec, conn: Connection, *, runtime_env: dict | None = None) 
     if conn.simulated:  # this machine: the driver runs here, relative paths in the spec mean what they do here
         entrypoint = f"cd {shlex.quote(os.getcwd())} && {entrypoint}"
     handle = Run(run_dir.root, job_api=conn.dashboard_url)
-    handle.start(entrypoint, runtime_env=runtime_env)
+    handle.start(entrypoint, runtime_env=runtime_env, metadata=job_metadata(spec, handle.id))
     say(f"submitted {spec.kind} run {handle.id} as a Ray job (dashboard: {conn.dashboard_url})")
     return handle

@@ -41,6 +41,7 @@ from a4ray.hf2mcore.mapping import (
 )
 from a4ray.mcore.architecture import Architecture, Naming
 from a4ray.mcore.checkpointing import model_args
+from a4ray.observe import metrics
 from a4ray.spec.conversion import ConvertJob
 
 _TASK_OVERHEAD = 512 * 2**20  # interpreter and torch: what a task holds besides tensors
@@ -353,7 +354,7 @@ def convert(hf: HFCheckpoint, native: NativePlan, job: ConvertJob, root: Path,
             task = remote.options(**placement.options(part.index, num_cpus=1, memory=part.peak,
                                                       name=f"a4ray-convert-{job.name}-part-{part.index}"))
             refs[task.remote(hf_ref, str(release_dir), part, dcp_plan, arch, naming, dtype, max_mb_s)] = part
-    done = _gather(refs, placement)
+    done = _gather(refs, placement, job.name)
     if native.format != "legacy":
         writer.finish(release_dir, metadata, [r.results for r in done], args)
     for side in hf.side_files():
@@ -363,7 +364,7 @@ def convert(hf: HFCheckpoint, native: NativePlan, job: ConvertJob, root: Path,
                        seconds=round(r.seconds, 3)) for r in done]
 
 
-def _gather(refs: dict, placement: Placement) -> list[PartResult]:
+def _gather(refs: dict, placement: Placement, job: str) -> list[PartResult]:
     """Wait for every part. On the first failure (or Ctrl-C) stop the others, and wait until they have
     stopped, so that the caller can remove the temporary directory with nothing still writing into it."""
     pending, done, n = dict(refs), [], len(refs)
@@ -382,6 +383,7 @@ def _gather(refs: dict, placement: Placement) -> list[PartResult]:
                 ) from None
             result.node = placement.bundle_nodes.get(part.index % placement.nodes, result.node)
             done.append(result)
+            metrics.record_conversion_part(job, result.node, result.nbytes, result.seconds)
             say(f"part {result.index + 1}/{n} ({part.label}, {size(result.nbytes)}) written on {result.node} in "
                 f"{result.seconds:.1f}s ({result.nbytes / 1e6 / max(result.seconds, 1e-9):.0f} MB/s)")
     except BaseException:

@@ -36,6 +36,7 @@ from a4ray.k8s.validate import (
     VERSION,
     check_manifest,
 )
+from a4ray.observe import grafana
 from a4ray.runtime.rayenv import HEAD_ENV, RAY_ENV
 from a4ray.spec.job import JobSpec
 
@@ -48,6 +49,8 @@ AUTH_TOKEN_KEY = "auth_token"  # the key KubeRay (and a4ray) keep a Ray token un
 RAY_CONTAINER = {"head": "ray-head", "worker": "ray-worker"}
 HEAD_PORTS = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001)]
 DASHBOARD_PORT = 8265
+GRAFANA_NAMESPACE = "prometheus-system"  # where KubeRay's Prometheus/Grafana guide installs the stack
+GRAFANA_JSON = "a4ray_grafana_dashboard.json"
 GIB_MOUNT = "/usr/local/gib"
 NVIDIA_MOUNT = "/usr/local/nvidia"
 GPU_TOLERATIONS = [
@@ -227,6 +230,25 @@ def _gib_volumes(spec: JobSpec) -> tuple[list[dict], list[dict]]:
     return [{"name": "gib", "emptyDir": {}}] + volumes, [installer]
 
 
+def _monitoring_env(spec: JobSpec) -> dict[str, str]:
+    """The head's dashboard charts from Prometheus and embeds Grafana's panels (Ray reads these at its start)."""
+    m = spec.kuberay.monitoring
+    if not m.enabled:
+        return {}
+    return {"RAY_PROMETHEUS_HOST": m.prometheus_host, "RAY_GRAFANA_HOST": m.grafana_host,
+            "RAY_GRAFANA_IFRAME_HOST": m.grafana_iframe_host}
+
+
+def grafana_dashboard_configmap(namespace: str = GRAFANA_NAMESPACE) -> dict:
+    """a4ray's Grafana dashboard as a ConfigMap that Grafana's dashboard sidecar loads (the label
+    `grafana_dashboard: "1"`, in the monitoring namespace), as KubeRay's install/prometheus/install.sh loads
+    Ray's own dashboards."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "a4ray-grafana-dashboard", "namespace": namespace,
+                         "labels": {"grafana_dashboard": "1"}},
+            "data": {GRAFANA_JSON: grafana.dashboard_json()}}
+
+
 def _head_group(spec: JobSpec, name: str, env: list[dict]) -> dict:
     k = spec.kuberay
     pod_storage = st.pod_storage(k.storage, name, gpu_node=False)
@@ -238,7 +260,7 @@ def _head_group(spec: JobSpec, name: str, env: list[dict]) -> dict:
         "ports": [{"name": n, "containerPort": p} for n, p in HEAD_PORTS],
         "resources": {"requests": {"cpu": k.head.cpu, "memory": k.head.memory},
                       "limits": {"cpu": k.head.cpu, "memory": k.head.memory}},
-        "env": env + _env(HEAD_ENV),
+        "env": env + _env(HEAD_ENV) + _env(_monitoring_env(spec)),
     }
     if pod_storage.mounts:
         container["volumeMounts"] = pod_storage.mounts

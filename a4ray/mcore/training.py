@@ -16,7 +16,8 @@ config (`parse_args`) -> build (`setup`, `build`) -> `train`:
   backward pass itself), `optimizer.step()`, scheduler step by the global batch.
 * log: Megatron-LM's `training_log` iteration line, printed by the last rank, and every rank's own compute
   time per step over the interval (`programs/compute_time.py`: forward and backward, up to the gradient
-  reduction) for the gang's straggler check; checkpoints every
+  reduction) for the gang's straggler check, and the TensorBoard scalars (`scalars.Scalars`, in
+  --tensorboard-dir); checkpoints every
   --save-interval iterations and at the end (`checkpointing.save`, Megatron-LM's torch_dist layout); at
   the end one `A4RAY_RESULT {...}` record (trainer "megatron") from the last rank.
 """
@@ -42,6 +43,7 @@ import torch.distributed as dist
 from a4ray.mcore import checkpointing, dataset, shims
 from a4ray.mcore.architecture import Architecture
 from a4ray.mcore.model import Parallel, default_naming, gpt_model, wrap_float16
+from a4ray.mcore.scalars import Scalars
 from a4ray.programs.compute_time import ComputeTimer
 from a4ray.programs.distributed import exit_distributed, init_distributed
 from a4ray.programs.record import report_loop
@@ -88,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-interval", type=int, default=100)
     p.add_argument("--keep", type=int, default=0, help="keep only the newest N checkpoints (0: all)")
     p.add_argument("--log-interval", type=int, default=1)
+    p.add_argument("--tensorboard-dir", help="TensorBoard scalars (default: <save>/../tensorboard)")
     p.add_argument("--exit-interval", type=int, default=0,
                    help="save and stop after an iteration divisible by this (Megatron-LM's --exit-interval)")
     p.add_argument("--seed", type=int, default=1234)
@@ -306,6 +309,7 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
     saved = None
     compute = ComputeTimer(next(module.parameters()).device)  # each rank's own compute, for the straggler check
     config.finalize_model_grads_func = compute.before(config.finalize_model_grads_func)
+    scalars = Scalars.for_this_rank(tensorboard_dir(args), last_rank=is_last_rank())
     for iteration in range(start, args.train_iters):
         t0 = time.perf_counter()
         compute.start()
@@ -314,6 +318,7 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
         reduced.update(moe_losses(config, len(micro)))
         step = time.perf_counter() - t0
         done = iteration + 1
+        scalars.node_step(done, step)
         loss = reduced.get("lm loss", float("nan"))
         losses.append(loss)
         step_times.append(step)
@@ -331,6 +336,9 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
                     done, args.train_iters, consumed=done * G, step_ms=interval["time"] * 1000 / iters, lr=lr, gbs=G,
                     losses={k: v / n for k, v in totals.items()}, loss_scale=float(optimizer.get_loss_scale()),
                     grad_norm=grad_norm, skipped=interval["skipped"], nan=interval["nan"]), flush=True)
+                scalars.training(done, losses={k: v / n for k, v in totals.items()}, lr=lr, grad_norm=grad_norm,
+                                 step_s=interval["time"] / iters, batch_size=G, tokens_per_step=G * S,
+                                 loss_scale=float(optimizer.get_loss_scale()))
             totals.clear()
             interval.update(time=0.0, iters=0, skipped=0, nan=0)
         if done % args.log_interval == 0:  # a window of the straggler check: every rank reports at once
@@ -347,7 +355,12 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
         if stop:
             say(f"exiting after iteration {done} (--exit-interval {args.exit_interval})")
             break
+    scalars.close()
     return {"losses": losses, "step_times": step_times, "checkpoint": str(saved) if saved else None}
+
+
+def tensorboard_dir(args: argparse.Namespace) -> Path:
+    return Path(args.tensorboard_dir or Path(args.save).resolve().parent / "tensorboard").resolve()
 
 
 def check_saved(directory: Path, module, optimizer, use_dist_opt: bool) -> None:
@@ -451,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         f"global batch {args.global_batch_size} = micro {args.micro_batch_size} x dp {dp} x {batches.num_microbatches} "
         f"micro-batches, seq {args.seq_length}; {len(samples)} samples; iterations {start + 1}..{args.train_iters} "
         f"(weights: {source})")
+    say(f"TensorBoard scalars (lm loss, learning-rate, grad-norm, tokens-per-sec, node-step-time): "
+        f"tensorboard --logdir {tensorboard_dir(args)}")
     ckpt_args = checkpointing.megatron_args(
         arch, naming=naming, dtype=module.config.params_dtype, parallel=parallel, world_size=world, dp=dp,
         train_iters=args.train_iters, global_batch=args.global_batch_size, micro_batch=args.micro_batch_size,

@@ -13,6 +13,10 @@ Exported by each node's Ray metrics agent (`ray_` is prepended), e.g. `ray_a4ray
   a4ray_gang_attempt               attempt number of the job's gang (0 = first launch)
   a4ray_gang_restarts_total        restarts after failures or hangs
   a4ray_gang_hangs_total           hangs the watchdog detected
+  a4ray_convert_bytes_total        checkpoint bytes a conversion wrote, per node ({job,node})
+  a4ray_convert_rate_bytes_per_s   write rate of the last conversion part a node finished ({job,node})
+
+Staging's own (`a4ray_stage_*`) are staging/display.py's. `observe/grafana.py` charts them all.
 
 Per node of the gang ({job,run,node,host}: node is its gang rank, host its machine), for the node verdicts:
 
@@ -105,3 +109,10 @@ def record_node_window(job: str, run: str, node: NodeRef, step_time_s: float, st
             "window", NODE_TAGS).set(step_time_s, tags=tags)
     _metric("gauge", "a4ray_node_straggler", "1 while this node is flagged a straggler, else 0", NODE_TAGS).set(
         1.0 if straggler else 0.0, tags=tags)
+def record_conversion_part(job: str, node: str, nbytes: int, seconds: float) -> None:
+    """One part of a native conversion written: its bytes, and the rate it was written at."""
+    tags = {"job": job, "node": node}
+    _metric("counter", "a4ray_convert_bytes_total", "checkpoint bytes written by conversion", ("job", "node")).inc(
+        float(nbytes), tags=tags)
+    _metric("gauge", "a4ray_convert_rate_bytes_per_s", "write rate of the last conversion part",
+            ("job", "node")).set(nbytes / max(seconds, 1e-9), tags=tags)

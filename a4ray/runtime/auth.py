@@ -8,7 +8,7 @@ client with it (`ray.init`, Ray Client, `ray job submit`, `JobSubmissionClient`)
 is `RAY_AUTH_TOKEN`, else the file named by `RAY_AUTH_TOKEN_PATH`, else `~/.ray/auth_token`. So the same
 user submits to an a4ray local cluster with `RAY_AUTH_MODE=token ray job submit ...`: the token is in the
 default file, which a4ray creates (mode 0600) when there is none. The token is a secret: it is registered
-with the redactor here and never printed.
+with the redactor here and never printed by a4ray (Ray's `ray get-auth-token` prints it, for the dashboard).
 
 Ray binds a head to loopback only when the head's node address is 127.0.0.1, and it rewrites 127.0.0.1 in an
 address to the machine's external IP unless it runs as single-machine Ray (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`,

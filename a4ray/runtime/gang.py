@@ -2,8 +2,9 @@
 
 Lifecycle (one owner, as in Ray Train's worker group):
   start  -> STRICT_SPREAD placement group of whole-node bundles, bounded wait, a clear error if the
-            cluster cannot hold it; one NodeActor per bundle; node facts; rank order from topology;
-            master = rank 0's IP, port chosen free on that node.
+            cluster cannot hold it; rank order from the topology of the nodes the bundles landed on; one
+            NodeActor per bundle, named `<run>-<step>-n<rank>` in that order; node facts; master = rank 0's
+            IP, port chosen free on that node.
   run    -> every node launches its command (`launch.Launch`, env built on the node), and the launch is
             handed to a `supervisor.Supervisor`, which streams every line and ends it on the first
             failure, a hang, a timeout or a cancel; the gang then stops every node's whole process tree.
@@ -11,7 +12,7 @@ Lifecycle (one owner, as in Ray Train's worker group):
             daemons started from node 0) and is stopped when every other node's command has ended. `run`
             may be called again, on all nodes or on a subset (a test of node pairs), with a fresh
             rendezvous port each time.
-  close  -> actors killed, placement group removed.
+  close  -> actors end themselves (killed only if stuck), placement group removed.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from a4ray.core.errors import (
 )
 from a4ray.observe.verdicts import NodeRef
 from a4ray.runtime.launch import GangResult, Launch, NodeContext, NodeResult, Peer
-from a4ray.runtime.node_actor import LaunchRequest, NodeActor, NodeRun
+from a4ray.runtime.node_actor import LaunchRequest, NodeActor, NodeIdentity, NodeRun
 from a4ray.runtime.simulated import SIMULATED_LABEL
 from a4ray.runtime.supervisor import LAST_LINES, LineObserver, Outcome, Supervisor
 from a4ray.runtime.topology import NodeFacts, rank_order
@@ -54,6 +55,7 @@ from a4ray.spec.job import JobSpec
 _REMOTE_NODE_ACTOR = ray.remote(NodeActor)
 _PLACE_POLL_S = 2.0  # how often a waiting gang asks whether the cluster could ever hold it
 _STATUS_STALE_S = 60.0  # an autoscaler status older than this is no autoscaler's
+_END_WAIT_S = 10.0  # how long closing waits for node actors to end themselves before killing them
 
 
 class Gang:
@@ -87,25 +89,27 @@ class Gang:
         self.pg = placement_group([dict(bundle)] * c.nodes, strategy="STRICT_SPREAD", name=self.name,
                                   bundle_label_selector=[dict(selector)] * c.nodes if selector else None)
         self._wait_placed(t0)
-        actors = [
+        # The rank order is known from where the bundles landed, before any actor exists, so that each actor is
+        # created with its node rank in its name (a Ray actor's name is fixed at creation) and its __repr__.
+        planned = placed_nodes(self.pg)  # bundle index -> the node's facts as Ray's node table has them
+        bundle_of = {facts.node_id: bundle for bundle, facts in planned.items()}  # STRICT_SPREAD: one per node
+        order = [bundle_of[facts.node_id] for facts in rank_order(list(planned.values()), c.topology)]
+        self.actor_names = [self.actor_name(rank) for rank in range(c.nodes)]
+        self.actors = [
             _REMOTE_NODE_ACTOR.options(
                 num_cpus=c.cpus_per_node, num_gpus=c.gpus_per_node, resources={c.node_resource: 1},
-                max_concurrency=8, name=f"{self.name}-{i}",
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
-            ).remote()
-            for i in range(c.nodes)
+                max_concurrency=8, name=self.actor_names[rank],
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle),
+            ).remote(self._identity(rank, planned[bundle]))
+            for rank, bundle in enumerate(order)
         ]
-        facts = ray.get([a.facts.remote() for a in actors], timeout=max(60.0, c.start_timeout_s))
-        ordered = rank_order(facts, c.topology)
-        by_id = {f.node_id: (a, f"{self.name}-{i}") for i, (f, a) in enumerate(zip(facts, actors))}
-        self.nodes = ordered
-        self.actors = [by_id[f.node_id][0] for f in ordered]
-        self.actor_names = [by_id[f.node_id][1] for f in ordered]
+        self.nodes = ray.get([a.facts.remote() for a in self.actors], timeout=max(60.0, c.start_timeout_s))
         self.start_s = time.monotonic() - t0
         say(f"gang {self.name}: {c.nodes} nodes x {c.gpus_per_node} GPUs placed in {self.start_s:.1f}s; "
             f"master {self.nodes[0].ip}")
         for rank, node in enumerate(self.nodes):
-            say(f"  node {rank}: {node.describe(c.topology)} gpus={','.join(node.gpu_ids) or '-'}")
+            say(f"  node {rank}: {node.describe(c.topology)} gpus={','.join(node.gpu_ids) or '-'} "
+                f"actor {self.actor_names[rank]}")
         return self.nodes
 
     def _keep_off(self) -> dict[str, str] | None:
@@ -139,6 +143,24 @@ class Gang:
             f"node(s) fit and the gang needs {c.nodes}, and {why}; placing the gang on the nodes there are, "
             f"{'that one' if len(self.avoid) == 1 else 'those'} included")
         return None
+    @property
+    def step(self) -> str:
+        """What this gang runs, in its actors' names: the pipeline step whose `logs/<step>/` it logs to, else the
+        job's kind (a run of one job)."""
+        logs = Path(self.log_dir)
+        return logs.name if self.run_dir and logs.parent == Path(self.run_dir) / "logs" else self.spec.kind
+
+    def actor_name(self, rank: int) -> str:
+        """Node `rank`'s actor, as the dashboard's Actors page lists it: `<run id>-<step>-n<rank>` (rank in topology
+        order), `-a<attempt>` on a restart's fresh gang."""
+        return f"{self.run_id}-{self.step}-n{rank}" + (f"-a{self.attempt}" if self.attempt else "")
+
+    def _identity(self, rank: int, node: NodeFacts) -> NodeIdentity:
+        g = self.cluster.gpus_per_node
+        return NodeIdentity(run=self.run_id, step=self.step, node_rank=rank,
+                            host=node.short_name(self.cluster.topology), ip=node.ip,
+                            block=node.labels.get(self.cluster.topology.block_label, ""),
+                            ranks=f"{rank * g}-{rank * g + g - 1}" if g > 1 else str(rank))
 
     def _wait_placed(self, t0: float) -> None:
         """Wait for the placement group, at most cluster.start_timeout_s. A gang the cluster's nodes can never
@@ -327,11 +349,18 @@ class Gang:
             pass
 
     def close(self) -> None:
-        for actor in self.actors:
-            try:
-                ray.kill(actor)  # the reaper of any launch still running kills its process tree
-            except Exception:  # noqa: BLE001
-                pass
+        """End the node actors and remove the placement group. An actor ends itself (Ray's `__ray_terminate__`: the
+        dashboard then shows an intended exit, "User requested to exit the actor", not "killed by ray.kill"); one
+        that cannot answer in time (a stuck node) is killed. The reaper of any launch still running kills its tree."""
+        ended = [actor.__ray_terminate__.remote() for actor in self.actors]
+        if ended:
+            ready, _ = ray.wait(ended, num_returns=len(ended), timeout=_END_WAIT_S)
+            for actor, ref in zip(self.actors, ended):
+                if ref not in ready:
+                    try:
+                        ray.kill(actor)
+                    except Exception:  # noqa: BLE001 - already gone
+                        pass
         self.actors = []
         if self.pg is not None:
             try:
@@ -345,6 +374,18 @@ class Gang:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def placed_nodes(pg) -> dict[int, NodeFacts]:
+    """{bundle index: the facts of the node it was placed on} of a placed placement group, from Ray's node table
+    (the id, IP and labels that rank the node; the node actor reports the rest)."""
+    where = placement_group_table(pg)["bundles_to_node_id"]
+    table = {n["NodeID"]: n for n in ray.nodes()}
+    return {int(bundle): NodeFacts(
+        node_id=node_id, ip=table[node_id]["NodeManagerAddress"],
+        hostname=table[node_id].get("NodeManagerHostname", ""),
+        labels={k: v for k, v in (table[node_id].get("Labels") or {}).items() if not k.startswith("ray.io/")})
+        for bundle, node_id in where.items()}
 
 
 def fits_the_nodes(spec: JobSpec) -> bool:

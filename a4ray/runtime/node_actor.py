@@ -64,6 +64,18 @@ class Line(BaseModel):
     compute: ComputeWindow | None = None  # set on a window of every rank's compute time (the straggler check)
 
 
+class NodeIdentity(BaseModel):
+    """Who a node actor is, as its `__repr__` shows it in the dashboard (Actors page, log prefixes)."""
+
+    run: str
+    step: str
+    node_rank: int
+    host: str  # the host label (e.g. GCE's physical host), else the hostname
+    ip: str
+    block: str = ""  # the topology block label, where the node has one
+    ranks: str = ""  # the global ranks it runs, e.g. "8-15"
+
+
 class LaunchRequest(BaseModel):
     argv: list[str]  # empty: standby (build the env, serve exec requests, wait to be stopped)
     cwd: str | None = None
@@ -158,7 +170,9 @@ class _Exec:
 
 
 class NodeActor:
-    def __init__(self) -> None:
+    def __init__(self, identity: NodeIdentity | None = None) -> None:
+        self._identity = identity
+        self._iteration: int | None = None  # the latest iteration a rank of this node reported
         self._output = _Output(_BUFFER_LINES)
         self._records: list[dict] = []
         self._process: ManagedProcess | None = None
@@ -171,7 +185,20 @@ class NodeActor:
         self._execs: dict[int, _Exec] = {}
         self._exec_lock = threading.Lock()
         self._priority = _take_node_priority()  # None, or why this node's commands run at lower priority
+        _actor_log_not_forwarded()
         self._ray_only = _ray_worker_env()  # what Ray set for this worker alone, kept from the commands
+
+    def __repr__(self) -> str:
+        """Ray shows this as the actor's Repr on the dashboard and as the prefix of its log lines. Ray takes it once,
+        when the actor starts (before any iteration); `repr()` on the actor object adds the latest iteration."""
+        who = self._identity
+        if who is None:
+            return "NodeActor()"
+        block = f" block {who.block}" if who.block else ""
+        ranks = f" ranks {who.ranks}" if who.ranks else ""
+        iteration = "" if self._iteration is None else f"; iteration {self._iteration}"
+        return (f"NodeActor(node {who.node_rank} {who.host} {who.ip}{block}; run {who.run} step {who.step}{ranks}"
+                f"{iteration})")
 
     # ------------------------------------------------------------------ facts
     def facts(self) -> NodeFacts:
@@ -313,16 +340,28 @@ class NodeActor:
         compute = ComputeWindow.parse(body) if body.startswith(COMPUTE_MARKER) else None
         self._write_logs(text, body, local_rank)
         self._output.append(body, local_rank, progress, compute)
+        self._to_actor_log(body, local_rank)
 
     def _record(self, progress: Progress, local_rank: int | None) -> None:
         request = self._request
         assert request is not None
+        self._iteration = progress.iteration
         rank = str(request.node_rank * request.nproc + local_rank) if local_rank is not None else ""
         tags = {**request.metric_tags, "node": str(request.node_rank), "rank": rank}
         try:
             metrics.record_progress(progress, tags, request.seq_length)
         except Exception:  # noqa: BLE001 - metrics are an aid; a metrics hiccup must not kill the launch
             pass
+
+    def _to_actor_log(self, body: str, local_rank: int | None) -> None:
+        """The line in this actor's own log (its stdout: the dashboard's Log tab of the actor), tagged as the
+        driver streams it. Ray would also forward the actor's stdout to the driver, which streams every line
+        already: `_actor_log_not_forwarded` keeps it out of that stream."""
+        assert self._request is not None
+        node = self._request.node_rank
+        tag = f"n{node} r{node * self._request.nproc + local_rank}" if local_rank is not None else f"n{node}"
+        sys.stdout.write(f"[{tag}] {body}\n")
+        sys.stdout.flush()
 
     def _write_logs(self, text: str, body: str, local_rank: int | None) -> None:
         assert self._request is not None
@@ -505,6 +544,21 @@ class NodeActor:
             return os.access(path, os.W_OK)
         except OSError:
             return False
+
+
+def _actor_log_not_forwarded() -> None:
+    """Keep this actor's stdout (where `_to_actor_log` writes every rank line) in its own log only.
+
+    Ray's log monitor forwards a worker's stdout to the driver of the job named by the last `:job_id:<hex>` line
+    in it (Ray writes one when the worker takes up a job; ray/_private/log_monitor.py), and a driver prints
+    only its own job's lines. The driver streams each node's lines already (the supervisor polls them, with
+    their node and rank), so the actor's copy is marked as no job's (the nil job id): the dashboard still
+    shows it in the actor's Log tab, and the driver's stream does not say everything twice."""
+    from ray._private import ray_constants
+    from ray import JobID
+
+    sys.stdout.write(f"{ray_constants.LOG_PREFIX_JOB_ID}{JobID.nil().hex()}\n")
+    sys.stdout.flush()
 
 
 def _take_node_priority() -> str | None:

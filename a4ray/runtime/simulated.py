@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from a4ray.core.console import say, warn
+from a4ray.observe.prometheus import LocalPrometheus
 from a4ray.runtime import auth
 from a4ray.runtime.rayenv import HEAD_ENV
 from a4ray.spec.cluster import TopologySpec
@@ -113,7 +114,8 @@ class SimulatedCluster:
                  topology: TopologySpec | None = None, cpus_per_node: int = 4,
                  dashboard: bool = False, dashboard_port: int | None = None, client_port: int | None = None,
                  object_store_mb: int = 256, persistent: bool = False, loopback_ips: bool = True,
-                 node_env: dict[int, dict[str, str]] | None = None, host: str = auth.LOOPBACK):
+                 node_env: dict[int, dict[str, str]] | None = None, host: str = auth.LOOPBACK,
+                 prometheus: LocalPrometheus | None = None):
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.machine_type = machine_type
@@ -127,6 +129,7 @@ class SimulatedCluster:
         self.loopback_ips = loopback_ips
         self.node_env = node_env or {}  # extra env of one node's processes (e.g. a misconfigured node)
         self.host = host  # the head's address: loopback (this machine only) unless asked otherwise
+        self.prometheus = prometheus  # started on the head's session once it is up; the dashboard charts from it
         self.root = str(local_root())  # relative local paths resolve here
         self.cluster = None
         self.workers: dict[int, object] = {}  # simulated node index -> ray._private.node.Node
@@ -160,15 +163,18 @@ class SimulatedCluster:
         head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard, dashboard_host=self.host,
                     env_vars={LOCAL_ROOT_ENV: self.root, **_python_first()},
                     object_store_memory=128 * 2**20, dashboard_agent_listen_port=_free_port(),
-                    labels={SIMULATED_LABEL: "true"}, **where)
+                    labels={SIMULATED_LABEL: "true"}, node_name="head", **where)
         if self.client_port:
             head["ray_client_server_port"] = self.client_port
         if self.dashboard:  # Ray's usual port where it is free: another cluster on this machine may hold it
             head["dashboard_port"] = self.dashboard_port or (DASHBOARD_PORT if _port_free(DASHBOARD_PORT) else _free_port())
         self._tmp_root = tempfile.mkdtemp(prefix="a4ray-sim-")
-        with _environ(HEAD_ENV):  # the head's processes (its Ray Client proxy) take it from this process
+        # The head's processes (its Ray Client proxy, its dashboard) take these from this process.
+        with _environ({**HEAD_ENV, **(self.prometheus.head_env() if self.prometheus else {})}):
             self.cluster = Cluster(initialize_head=True, head_node_args=head,
                                    shutdown_at_exit=not self.persistent)
+        if self.prometheus:
+            self.prometheus.start(self.cluster.head_node.get_session_dir_path())
         for index in range(self.nodes):
             self.add_node(index)
         return self.address
@@ -194,6 +200,7 @@ class SimulatedCluster:
             # node's agent replaces that copy when it first sets the job up. Simulated nodes share one
             # session directory: in a shared one, node 1 would delete the copy node 0's processes run in.
             runtime_env_dir_name=f"runtime_resources_node{index}", **ip,
+            node_name=labels[self.topology.host_label],  # the dashboard's Cluster page: not one hostname thrice
         )
         self.workers[index] = node
         return node
@@ -245,6 +252,8 @@ class SimulatedCluster:
                 f"node(s) x {self.gpus_per_node} GPUs ({gpus}); Ray token authentication on")
 
     def shutdown(self) -> None:
+        if self.prometheus:
+            self.prometheus.stop()
         if self.cluster is not None:
             say("shutting down the embedded local cluster")
             self.cluster.shutdown()

@@ -144,6 +144,19 @@ class RayJobOptions(Spec):
     backoff_limit: NonNegativeInt = Field(0, description="retries of the whole RayJob, each on a new cluster")
 
 
+class MonitoringSpec(Spec):
+    """Where the Ray dashboard's Metrics page finds Prometheus and Grafana (the head's RAY_PROMETHEUS_HOST,
+    RAY_GRAFANA_HOST, RAY_GRAFANA_IFRAME_HOST). Defaults: the kube-prometheus-stack as KubeRay's Prometheus and
+    Grafana guide installs it (release `prometheus` in namespace `prometheus-system`), Grafana port-forwarded to
+    127.0.0.1:3000 for the browser. kuberay/a4ray-grafana-dashboard.yaml adds a4ray's charts to that Grafana."""
+
+    prometheus_host: str = "http://prometheus-kube-prometheus-prometheus.prometheus-system.svc:9090"
+    grafana_host: str = Field("http://prometheus-grafana.prometheus-system.svc:80",
+                              description="what the head reaches Grafana at")
+    grafana_iframe_host: str = Field("http://127.0.0.1:3000", description="what the browser reaches Grafana at")
+    enabled: bool = Field(True, description="false: no metrics settings on the head (the Metrics page stays empty)")
+
+
 class KubeRaySpec(Spec):
     namespace: DnsLabel = "default"
     image: str = Field("", description="the image built from docker/ (Ray, a4ray, launchers inside)")
@@ -160,6 +173,7 @@ class KubeRaySpec(Spec):
     secrets: list[SecretEnv] = Field(default_factory=_default_secrets)
     auth: AuthSpec = AuthSpec()
     job: RayJobOptions = RayJobOptions()
+    monitoring: MonitoringSpec = MonitoringSpec()
 
     @field_validator("image")
     @classmethod

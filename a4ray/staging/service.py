@@ -69,6 +69,12 @@ class StagingService:
         self.shared_checked: set[tuple[str, frozenset[str]]] = set()
         self._task = ray.remote(_stage_task)
 
+    def __repr__(self) -> str:
+        """What the dashboard's Actors page shows for it (Ray takes the repr once, when the actor starts): a
+        service that outlives the jobs on purpose, not a leftover of one."""
+        return ("StagingService(a4ray's staging service of this cluster, shared by every job and kept between "
+                "them: it joins requests for one target to one download; idle, it holds no CPU)")
+
     async def stage(self, request: StageRequest) -> ArtifactOutcome:
         key = request.target
         fingerprint = request.artifact.fingerprint()

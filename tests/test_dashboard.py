@@ -1,0 +1,293 @@
+"""What a person sees of a4ray in Ray's dashboard and in Prometheus, against one `a4ray local up --metrics`:
+
+- two runs, as the README starts them: a DDP test through `a4ray.submit`, the rehearsal through `ray job submit`;
+- headless Chromium (Debian's `chromium`, driven over the DevTools protocol) gets in as the README says (the
+  token from `ray get-auth-token`, pasted into the dashboard's Authentication Token field), and its Jobs page lists
+  the submitted run by name; its Actors page lists node actors named after run, step and node rank;
+- the dashboard's own HTTP APIs (the ones those pages call) give each node actor's repr (node rank, host, IP,
+  step, ranks), a node-rank suffix in the driver's topology order, a graceful end, and its ranks' lines in its log;
+- the real Prometheus scrapes the cluster through Ray's service discovery, and every panel of a4ray's Grafana
+  dashboard returns series through Prometheus' HTTP API;
+- the Megatron trainer wrote its TensorBoard scalars where the run's output says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import pytest
+from conftest import PYTHON, REPO, free_port, isolated_env, wait_gone
+
+import a4ray
+from a4ray.observe.grafana import PANELS
+
+pytestmark = pytest.mark.slow
+RAY = str(Path(sys.executable).parent / "ray")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DDP = "ddp-dash"
+
+
+def _defined_metrics() -> set[str]:
+    """The a4ray metric names this checkout defines (a panel of a metric not yet defined is left out)."""
+    names = set()
+    for source in ("a4ray/observe/metrics.py", "a4ray/staging/display.py"):
+        names |= set(re.findall(r'"(a4ray_[a-z0-9_]+)"', (REPO / source).read_text()))
+    return names
+
+
+def _get(url: str, token: str, timeout: float = 30) -> bytes:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return reply.read()
+
+
+@pytest.fixture(scope="module")
+def dash(tmp_path_factory):
+    if not (CHROMIUM and shutil.which("prometheus")):
+        pytest.fail("needs Debian's chromium and prometheus: make system-deps")
+    checkout = tmp_path_factory.mktemp("checkout")
+    (checkout / "jobs").mkdir()
+    shutil.copy(REPO / "jobs" / "qwen3_next_local.yaml", checkout / "jobs")
+    (checkout / ".gitignore").write_text(".a4ray/\n")
+    env = isolated_env(checkout)
+    port, started = free_port(), time.time()
+    head = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "local", "up", "--nodes", "2", "--gpus-per-node", "1",
+                             "--dashboard-port", str(port), "--client-port", "0", "--metrics"],
+                            cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = []
+    try:
+        for line in head.stdout:
+            said.append(line)
+            if "ready" in line:
+                break
+        else:
+            pytest.fail("a4ray local up did not come up:\n" + "".join(said))
+        said = "".join(said)
+        gcs = re.search(r"cluster at (\S+):", said).group(1)
+        prometheus = re.search(r"Prometheus at (http://\S+)", said).group(1)
+        address = f"http://127.0.0.1:{port}"
+        token = subprocess.run([RAY, "get-auth-token"], env=env, capture_output=True, text=True,
+                               check=True).stdout.strip()
+        # A run through the Python API (named on the Jobs page), then the rehearsal as the README submits it.
+        api = subprocess.run([PYTHON, "-c", (
+            "import a4ray, sys; a4ray.connect(sys.argv[1]);"
+            "spec = a4ray.load(None, 'cluster.gpus_per_node=1', 'ddp_test.steps=3', 'ddp_test.hidden=64',"
+            f" 'name={DDP}', kind='ddp_test');"
+            "run = a4ray.submit(spec); print('RUN', run.id); print('STATUS', run.wait(300))"), gcs],
+            cwd=checkout, env=env, capture_output=True, text=True, timeout=400)
+        assert "STATUS SUCCEEDED" in api.stdout, api.stdout[-3000:] + api.stderr[-3000:]
+        rehearsal = subprocess.run(
+            [RAY, "job", "submit", "--address", address, "--working-dir", ".", "--", PYTHON, "-m",
+             "a4ray.qwen3_next", "--set", "train.iterations=12", "--set", "train.save_interval=12"],
+            cwd=checkout, env=env, capture_output=True, text=True, timeout=900)
+        out = rehearsal.stdout + rehearsal.stderr
+        assert rehearsal.returncode == 0, out[-5000:]
+        time.sleep(6)  # one more scrape (every 5 s) of what the last ranks reported
+        yield {"checkout": checkout, "env": env, "address": address, "said": said, "token": token, "started": started,
+               "prometheus": prometheus, "ddp_run": re.search(r"RUN (\S+)", api.stdout).group(1),
+               "submission": re.search(r"(raysubmit_\w+)", out).group(1), "stream": out}
+    finally:
+        head.send_signal(signal.SIGINT)
+        head.wait(timeout=90)
+        assert not wait_gone(env["RAY_TMPDIR"])
+
+
+def _actors(dash) -> list[dict]:
+    reply = json.loads(_get(f"{dash['address']}/api/v0/actors?detail=1&limit=1000", dash["token"]))
+    return reply["data"]["result"]["result"]
+
+
+# ----------------------------------------------------------------------------------------------- Chromium
+
+
+class Browser:
+    """Headless Chromium over the DevTools protocol (one page)."""
+
+    def __init__(self, ws, session: aiohttp.ClientSession):
+        self.ws, self.session, self._id = ws, session, 0
+
+    async def call(self, method: str, **params):
+        self._id += 1
+        await self.ws.send_json({"id": self._id, "method": method, "params": params})
+        while True:
+            message = await self.ws.receive_json(timeout=60)
+            if message.get("id") == self._id:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message.get("result", {})
+
+    async def text(self) -> str:
+        try:
+            result = await self.call("Runtime.evaluate", expression="document.body ? document.body.innerText : ''",
+                                     returnByValue=True)
+        except RuntimeError as e:  # the page was navigating (the dashboard reloads itself after the login)
+            if "navigated" in str(e):
+                return ""
+            raise
+        return result["result"].get("value", "")
+
+    async def wait_text(self, *wanted: str, timeout_s: float = 60) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            text = await self.text()
+            if all(w in text for w in wanted) or time.monotonic() > deadline:
+                return text
+            await asyncio.sleep(0.5)
+
+
+async def _browse(dash, shots: Path) -> dict[str, str]:
+    """The README's way in, then the Jobs and Actors pages' text (and a screenshot of each)."""
+    profile = tempfile.mkdtemp(prefix="a4ray-chromium-")
+    chromium = subprocess.Popen([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                 "--remote-debugging-port=0", f"--user-data-dir={profile}", "--window-size=1600,1000",
+                                 "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pages: dict[str, str] = {}
+    try:
+        active = Path(profile) / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (active.is_file() and active.read_text().strip()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        port = active.read_text().split()[0]
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/json/list") as reply:
+                target = next(t for t in await reply.json() if t["type"] == "page")
+            async with session.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                page = Browser(ws, session)
+                await page.call("Page.enable")
+                await page.call("Page.navigate", url=f"{dash['address']}/#/jobs")
+                pages["login"] = await page.wait_text("Authentication Token Required")
+                # Paste the token into the dialog's field and press its Submit button, as a person does.
+                await page.call("Runtime.evaluate", expression="document.querySelector('[role=dialog] input').focus()")
+                await page.call("Input.insertText", text=dash["token"])
+                await page.call("Runtime.evaluate", expression=(
+                    "[...document.querySelectorAll('[role=dialog] button')]"
+                    ".find(b => b.innerText.trim().toUpperCase() === 'SUBMIT').click()"))
+                deadline = time.monotonic() + 30
+                while "Authentication Token Required" in await page.text() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.5)
+                for name, path, wanted in (("jobs", "#/jobs", (f"{DDP} (ddp_test)", dash["ddp_run"])),
+                                           ("actors", "#/actors", (f"{dash['ddp_run']}-ddp_test-n0",))):
+                    await page.call("Page.navigate", url=f"{dash['address']}/{path}")
+                    pages[name] = await page.wait_text(*wanted)
+                    shot = await page.call("Page.captureScreenshot", format="png")
+                    (shots / f"{name}.png").write_bytes(base64.b64decode(shot["data"]))
+    finally:
+        chromium.terminate()
+        chromium.wait(timeout=30)
+        shutil.rmtree(profile, ignore_errors=True)
+    return pages
+
+
+def test_a_browser_gets_in_with_the_token_and_finds_the_runs_and_node_actors(dash, tmp_path):
+    # `a4ray local up` says how to get in; it never prints the token itself.
+    assert "ray get-auth-token" in dash["said"] and "Authentication Token" in dash["said"]
+    assert dash["token"] and dash["token"] not in dash["said"]
+    pages = asyncio.run(_browse(dash, tmp_path))
+    assert "Authentication Token Required" in pages["login"]
+    assert f"{DDP} (ddp_test)" in pages["jobs"] and dash["ddp_run"] in pages["jobs"], pages["jobs"][:3000]
+    for rank in (0, 1):
+        assert f"{dash['ddp_run']}-ddp_test-n{rank}" in pages["actors"], pages["actors"][:3000]
+    shots = Path(tempfile.gettempdir()) / "a4ray-dashboard-shots"  # to look at by hand
+    shots.mkdir(exist_ok=True)
+    for shot in tmp_path.glob("*.png"):
+        shutil.copy(shot, shots / shot.name)
+
+
+# ------------------------------------------------------------------------------------- the dashboard's APIs
+
+
+def test_node_actors_carry_run_step_rank_and_host_in_topology_order(dash):
+    run = a4ray.get_run(dash["submission"], workspace=dash["checkout"] / ".a4ray")  # a `ray job submit` run
+    assert run.status() == "SUCCEEDED" and run.root.name.startswith("qwen3-next-local-")
+    actors = {a["name"]: a for a in _actors(dash) if a["name"].startswith(run.id)}
+    # The driver's topology order: "  node <rank>: <host> (<ip>, <location>) gpus=... actor <name>".
+    order = re.findall(r"node (\d): \S+ \((127\.0\.0\.\d+), [^)]*\) gpus=\S+ actor (\S+)", dash["stream"])
+    assert {name for _, _, name in order} == set(actors), (order, sorted(actors))
+    assert {f"{run.id}-{step}-n{r}" for step in ("preflight", "train") for r in (0, 1)} == set(actors)
+    nodes = json.loads(_get(f"{dash['address']}/api/v0/nodes?detail=1&limit=100", dash["token"]))
+    ip_of = {n["node_id"]: n["node_ip"] for n in nodes["data"]["result"]["result"]}
+    # The Cluster page names each simulated node by its host label, not the machine's one hostname.
+    assert {n["node_name"] for n in nodes["data"]["result"]["result"]} == {"head", "sim-host-000", "sim-host-001"}
+    for rank, ip, name in order:
+        actor = actors[name]  # the suffix is the driver's node rank, and the actor runs on that node
+        assert name.endswith(f"-n{rank}") and ip_of[actor["node_id"]] == ip, (name, ip, ip_of[actor["node_id"]])
+        step = name.split("-")[-2]
+        host = f"sim-host-{int(ip.rsplit('.', 1)[1]) - 2:03d}"
+        assert actor["repr_name"] == (f"NodeActor(node {rank} {host} {ip} block sim-block-0; run {run.id} step "
+                                      f"{step} ranks {rank})"), actor["repr_name"]
+        # A finished gang's actors ended themselves: Ray says so, not "killed by ray.kill".
+        assert actor["state"] == "DEAD"
+        died = json.dumps(actor.get("death_cause") or {})
+        assert "INTENDED_USER_EXIT" in died and "ray.kill" not in died, died
+    # The staging service stays up between jobs on purpose, and says what it is.
+    staging = [a for a in _actors(dash) if a["name"].startswith("a4ray-staging-")]
+    assert staging and all("staging service" in a["repr_name"] for a in staging), staging
+
+
+def test_a_node_actors_log_has_its_ranks_lines_and_the_stream_has_them_once(dash):
+    run = a4ray.get_run(dash["submission"], workspace=dash["checkout"] / ".a4ray")
+    actor = next(a for a in _actors(dash) if a["name"] == f"{run.id}-train-n1")
+    log = _get(f"{dash['address']}/api/v0/logs/file?actor_id={actor['actor_id']}&lines=100000",
+               dash["token"]).decode(errors="replace")
+    iteration = re.compile(r"^\[n1 r1\] .*iteration\s+12/\s*12 \|", re.M)
+    assert iteration.search(log), log[-3000:]
+    assert "[n0 " not in log  # node 1's actor: node 1's ranks only
+    # The driver streams each line at most once: no second copy forwarded from the actors' stdout.
+    assert len(iteration.findall(dash["stream"])) <= 1
+    assert "(NodeActor" not in dash["stream"]
+
+
+# ---------------------------------------------------------------------------------------------- Prometheus
+
+
+def test_every_grafana_panel_returns_series_from_the_real_prometheus(dash):
+    """Each panel's PromQL, as a Grafana time series panel asks it (a range query over the runs' time): a node
+    actor's series end when it does (Prometheus marks them stale), so an instant query after the run finds none."""
+    defined = _defined_metrics()
+    health = json.loads(_get(f"{dash['address']}/api/prometheus_health", dash["token"]))
+    assert health.get("result") is True, health  # the dashboard found the Prometheus local up started
+    checked = []
+    for panel in PANELS:
+        if not set(panel.metrics) <= defined:
+            continue  # a metric another branch adds: checked here once it is defined
+        series = _query_range(dash, panel.expr)
+        assert series, (panel.title, panel.expr)
+        checked.append(panel.title)
+    assert {"Loss", "Tokens per second", "Staging throughput", "Conversion throughput"} <= set(checked)
+    run = a4ray.get_run(dash["submission"], workspace=dash["checkout"] / ".a4ray")
+    assert run.id in {s["metric"].get("run") for s in _query_range(dash, "ray_a4ray_train_loss")}
+
+
+def _query_range(dash, expr: str) -> list[dict]:
+    now = time.time()
+    query = urllib.parse.urlencode({"query": expr, "start": dash["started"], "end": now, "step": 5})
+    with urllib.request.urlopen(f"{dash['prometheus']}/api/v1/query_range?{query}", timeout=30) as reply:
+        answer = json.loads(reply.read())
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def test_the_megatron_trainer_writes_tensorboard_scalars_where_it_says(dash):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    said = re.search(r"tensorboard --logdir (\S+)", dash["stream"])
+    assert said, dash["stream"][-3000:]
+    events = EventAccumulator(said.group(1))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"lm loss", "learning-rate", "grad-norm", "iteration-time", "tokens-per-sec",
+            "node-step-time/node-0", "node-step-time/node-1"} <= tags, tags
+    assert [e.step for e in events.Scalars("lm loss")] == list(range(1, 13))
