@@ -24,9 +24,12 @@ import tempfile
 from pathlib import Path
 
 from a4ray.core.console import say, warn
+from a4ray.core.errors import SpecError
 from a4ray.runtime import auth
 from a4ray.runtime.rayenv import HEAD_ENV
 from a4ray.spec.cluster import TopologySpec
+from a4ray.spec.job import ClusterJob
+from a4ray.spec.overrides import validate
 
 SIMULATED_LABEL = "a4ray.io/simulated"
 # Where relative local paths (storage.local_workspace) resolve on a simulated cluster: the directory it was
@@ -35,6 +38,9 @@ SIMULATED_LABEL = "a4ray.io/simulated"
 LOCAL_ROOT_ENV = "A4RAY_LOCAL_ROOT"
 NODES_PER_SUBBLOCK = 4  # so a simulated topology has more than one subblock to order
 DASHBOARD_PORT = 8265
+# Every simulated node is a raylet and its workers on this one machine (and has its own 127.0.0.x address):
+# more than this is no rehearsal a machine can hold.
+MAX_SIMULATED_NODES = 32
 
 
 def local_root() -> Path:
@@ -114,6 +120,13 @@ class SimulatedCluster:
                  dashboard: bool = False, dashboard_port: int | None = None, client_port: int | None = None,
                  object_store_mb: int = 256, persistent: bool = False, loopback_ips: bool = True,
                  node_env: dict[int, dict[str, str]] | None = None, host: str = auth.LOOPBACK):
+        # Its shape is a cluster spec's (the same limits), refused before any Ray process starts.
+        validate(ClusterJob, {"cluster": {"nodes": nodes, "gpus_per_node": gpus_per_node, "machine_type": machine_type}},
+                 "the embedded local cluster")
+        if nodes > MAX_SIMULATED_NODES:
+            raise SpecError("the embedded local cluster", [
+                f"cluster.nodes: {nodes} simulated nodes would all run on this machine; at most "
+                f"{MAX_SIMULATED_NODES} (join a real cluster with --address for more)"])
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.machine_type = machine_type
