@@ -186,22 +186,25 @@ class SimulatedCluster:
             self.add_node(index)
         return self.address
 
-    def add_node(self, index: int | None = None):
-        """Start simulated node `index` (default: the next free index); returns its Ray node."""
+    def add_node(self, index: int | None = None, *, machine_type: str | None = None, gpus: int | None = None,
+                 env: dict[str, str] | None = None):
+        """Start simulated node `index` (default: the next free index), of `machine_type` with `gpus` logical GPUs
+        (default: the cluster's), `env` added to its processes' environment; returns its Ray node."""
         assert self.cluster is not None
         if index is None:
             index = max(self.workers, default=-1) + 1
+        machine_type = machine_type or self.machine_type
         env = {LOCAL_ROOT_ENV: self.root, **_python_first(), **self._separate_host_env(index),
-               **self.node_env.get(index, {})}
-        if self._gpu_slices is not None and (index + 1) * self.gpus_per_node <= len(self._gpu_slices):
+               **self.node_env.get(index, {}), **(env or {})}
+        if gpus is None and self._gpu_slices is not None and (index + 1) * self.gpus_per_node <= len(self._gpu_slices):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(
                 self._gpu_slices[index * self.gpus_per_node:(index + 1) * self.gpus_per_node])
         labels = {**simulated_location(index, self.topology), SIMULATED_LABEL: "true",
-                  "a4ray.io/machine-type": self.machine_type}
+                  "a4ray.io/machine-type": machine_type}
         ip = {"node_ip_address": simulated_ip(index)} if self.loopback_ips else {}
         node = self.cluster.add_node(
-            num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node,
-            resources={self.machine_type: 1}, labels=labels, env_vars=env,
+            num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node if gpus is None else gpus,
+            resources={machine_type: 1}, labels=labels, env_vars=env,
             object_store_memory=self.object_store_mb * 2**20,
             # Each machine unpacks a job's working_dir into its own runtime-resources directory, and each
             # node's agent replaces that copy when it first sets the job up. Simulated nodes share one
