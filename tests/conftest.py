@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -178,6 +179,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class LocalUp:
+    """A running `a4ray local up`: the directory it started in (its jobs' run directories are under
+    `root/.a4ray`), the environment to reach it with, its job API and its Ray Client addresses."""
+
+    root: Path
+    env: dict[str, str]
+    address: str
+    client: str
+
+
+@pytest.fixture(scope="session")
+def shared_local_up(tmp_path_factory):
+    """One `a4ray local up` (2 simulated nodes x 1 GPU) for every test that only submits to one: each such
+    test names its jobs (`--set name=...`) so that it finds its own run directories under `root`. Started
+    on first use; at the end of the session it must leave no process behind."""
+    root = tmp_path_factory.mktemp("local-up")
+    env = isolated_env(root, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    with local_up(root, env) as (address, client):
+        yield LocalUp(root, env, address, client)
+    assert not wait_gone(env["RAY_TMPDIR"])
 
 
 @contextlib.contextmanager

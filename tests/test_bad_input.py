@@ -530,22 +530,42 @@ SUBPROCESS_CASES = [
     ("secret", [PYTHON, "-m", "a4ray.nccl_test", "--set", SECRET_SET], None, "network.env.HF_TOKEN"),
     ("url", [PYTHON, "-m", "a4ray.stage", "-f", "{spec}"],
      STAGE + art(name="a", source=USER_URL + "/", target="a"), "artifacts[0]"),
+    # Absurd but well-formed: before, this dry-run worked for minutes.
+    ("nodes-billion", [PYTHON, "-m", "a4ray.ddp_test", "--dry-run", "--set", "cluster.nodes=1000000000"], None,
+     "cluster.nodes"),
+    ("duplicate-key", [PYTHON, "-m", "a4ray.cli", "run", "-f", "{spec}"], "kind: ddp_test\nname: a\nname: b\n",
+     "'name' is given twice"),
 ]
 
 
-@pytest.mark.parametrize("name, argv, spec, field", SUBPROCESS_CASES, ids=[c[0] for c in SUBPROCESS_CASES])
-def test_no_traceback_end_to_end(name, argv, spec, field, tmp_path):
-    path = tmp_path / "spec.yaml"
-    if spec is not None:
-        path.write_text(spec)
-    argv = [a.replace("{spec}", str(path)).replace("{tmp}", str(tmp_path)) for a in argv]
-    proc = subprocess.run(argv, cwd=tmp_path, env=isolated_env(tmp_path), capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert field in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
-    assert "cluster:" not in proc.stdout  # refused before any cluster was started or joined
+@pytest.fixture(scope="module")
+def end_to_end(tmp_path_factory) -> dict[str, tuple[int, str, str]]:
+    """Every end-to-end case run as its own process, all at once (each is mostly Python importing a4ray: run
+    side by side they share the cores instead of waiting in turn): name -> (exit code, stdout, stderr)."""
+    running = {}
+    for name, argv, spec, _ in SUBPROCESS_CASES:
+        tmp = tmp_path_factory.mktemp(name)
+        path = tmp / "spec.yaml"
+        if spec is not None:
+            path.write_text(spec)
+        argv = [a.replace("{spec}", str(path)).replace("{tmp}", str(tmp)) for a in argv]
+        running[name] = subprocess.Popen(argv, cwd=tmp, env=isolated_env(tmp), stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True)
+    done = {}
+    for name, proc in running.items():
+        out, err = proc.communicate(timeout=300)
+        done[name] = (proc.returncode, out, err)
+    return done
+
+
+@pytest.mark.parametrize("name, field", [(c[0], c[3]) for c in SUBPROCESS_CASES], ids=[c[0] for c in SUBPROCESS_CASES])
+def test_no_traceback_end_to_end(name, field, end_to_end):
+    code, out, err = end_to_end[name]
+    assert code == 2, out + err
+    assert field in err and "Traceback" not in out + err
+    assert "cluster:" not in out  # refused before any cluster was started or joined
     for secret in SECRETS:
-        assert secret not in proc.stdout + proc.stderr
+        assert secret not in out + err
 
 
 def test_repo_jobs_still_load():
