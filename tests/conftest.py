@@ -1,7 +1,10 @@
 """Shared fixtures: one real multi-node local Ray cluster of simulated A4 nodes for the whole session.
 
-Tests that damage a cluster (remove nodes) start their own with `fresh_cluster`. Subprocess tests that
-must not find the session cluster run with `isolated_env()` (their own RAY_TMPDIR, no RAY_ADDRESS).
+Tests that damage nodes (remove them) or need nodes with an environment of their own take `extra_nodes`:
+nodes added to the session cluster for the test, of a machine type of their own (so only the test's gang
+lands on them), removed after it: seconds, where a cluster of their own (`fresh_cluster`) costs a cluster's
+start and the session's reconnect. Subprocess tests that must not find the session cluster run with
+`isolated_env()` (their own RAY_TMPDIR, no RAY_ADDRESS).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -21,7 +25,7 @@ import pytest
 import ray
 
 from a4ray.runtime.connect import NAMESPACE
-from a4ray.runtime.simulated import SimulatedCluster
+from a4ray.runtime.simulated import SimulatedCluster, simulated_ip
 from a4ray.spec import load_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,6 +81,63 @@ def fresh_cluster():
         ray.init(address=previous, namespace=NAMESPACE)
 
 
+class ExtraNodes:
+    """Simulated nodes a test added to the session cluster: its spec runs on them with `self.sets` (their
+    machine type); `workers` and `remove_node` number them 0.. as a cluster of their own would."""
+
+    def __init__(self, session: SimulatedCluster, machine_type: str):
+        self.session, self.machine_type = session, machine_type
+        self.workers: dict[int, object] = {}  # 0.. -> ray._private.node.Node
+        self._index: dict[int, int] = {}  # 0.. -> the node's index in the session cluster
+
+    @property
+    def address(self) -> str:
+        return self.session.address
+
+    @property
+    def sets(self) -> list[str]:
+        return [f"cluster.machine_type={self.machine_type}"]
+
+    def add(self, index: int, session_index: int, gpus: int, env: dict[str, str]) -> None:
+        self.workers[index] = self.session.add_node(session_index, machine_type=self.machine_type, gpus=gpus, env=env)
+        self._index[index] = session_index
+
+    def ip(self, index: int) -> str:
+        """Node `index`'s own address (its Ray node IP)."""
+        return simulated_ip(self._index[index])
+
+    def remove_node(self, index: int) -> None:
+        """Kill node `index` abruptly, as a lost A4 node would be."""
+        self.workers.pop(index)
+        self.session.remove_node(self._index.pop(index))
+
+    def remove_all(self) -> None:
+        for index in list(self.workers):
+            self.remove_node(index)
+
+
+_extra_node_index = iter(range(SESSION_NODES + 1, 250))  # never reused: each node its own 127.0.0.x and host label
+
+
+@pytest.fixture
+def extra_nodes(local_cluster, request):
+    """Factory: `extra_nodes(nodes=2, gpus=1, node_env={1: {...}})` adds nodes to the session cluster for this
+    test, all of a machine type no other node has; build the test's spec with `+ nodes.sets`. They are removed
+    after the test (those the test removed itself are gone already)."""
+    made: list[ExtraNodes] = []
+
+    def make(nodes: int = 2, gpus: int = 1, node_env: dict[int, dict[str, str]] | None = None) -> ExtraNodes:
+        group = ExtraNodes(local_cluster, f"a4-test-{len(made)}-{next(_extra_node_index)}")
+        made.append(group)
+        for index in range(nodes):
+            group.add(index, next(_extra_node_index), gpus, (node_env or {}).get(index, {}))
+        return group
+
+    yield make
+    for group in made:
+        group.remove_all()
+
+
 def job(kind: str, *sets: str, workspace: Path | None = None):
     """A job spec of `kind` with overrides, its local workspace under `workspace` (a tmp dir)."""
     extra = [f"storage.local_workspace={workspace}"] if workspace else []
@@ -118,6 +179,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class LocalUp:
+    """A running `a4ray local up`: the directory it started in (its jobs' run directories are under
+    `root/.a4ray`), the environment to reach it with, its job API and its Ray Client addresses."""
+
+    root: Path
+    env: dict[str, str]
+    address: str
+    client: str
+
+
+@pytest.fixture(scope="session")
+def shared_local_up(tmp_path_factory):
+    """One `a4ray local up` (2 simulated nodes x 1 GPU) for every test that only submits to one: each such
+    test names its jobs (`--set name=...`) so that it finds its own run directories under `root`. Started
+    on first use; at the end of the session it must leave no process behind."""
+    root = tmp_path_factory.mktemp("local-up")
+    env = isolated_env(root, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    with local_up(root, env) as (address, client):
+        yield LocalUp(root, env, address, client)
+    assert not wait_gone(env["RAY_TMPDIR"])
 
 
 @contextlib.contextmanager

@@ -4,15 +4,12 @@ cancellation by SIGTERM (what `ray job stop` sends), and `ray job submit` onto `
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, isolated_env, local_up, wait_gone
+from conftest import PYTHON, REPO, isolated_env, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -77,23 +74,21 @@ def test_sigterm_cancels_the_gang_and_shuts_the_cluster_down(tmp_path):
     assert not wait_gone(env["RAY_TMPDIR"]), "the embedded cluster is shut down"
 
 
-def test_ray_job_submit_onto_a4ray_local_up(tmp_path):
-    env = isolated_env(tmp_path, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    with local_up(tmp_path, env) as (address, _):
-        job_id = f"a4ray-test-{uuid.uuid4().hex[:8]}"
-        submit = subprocess.run(
-            ["ray", "job", "submit", "--address", address, "--submission-id", job_id, "--working-dir", str(REPO),
-             "--", "python", "-m", "a4ray.ddp_test", "--local-nodes", "2", "--gpus-per-node", "1",
-             "--set", "ddp_test.hidden=64", "--set", "ddp_test.steps=3"],
-            env=env, capture_output=True, text=True, timeout=300,
-        )
-        assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
-        logs = subprocess.run(["ray", "job", "logs", "--address", address, job_id], env=env,
-                              capture_output=True, text=True, timeout=60).stdout
-        assert "cluster: Ray cluster at" in logs and "(from RAY_ADDRESS" in logs
-        assert "[n0 r0]" in logs and "[n1 r1]" in logs and "PASS: 2/2 ranks over 2 nodes" in logs
-        # The run directory is where `a4ray local up` was started, not in the job's temporary working_dir copy.
-        results = list(tmp_path.glob(".a4ray/runs/ddp-test-*/result.json"))
-        assert len(results) == 1 and json.loads(results[0].read_text())["ok"], results
-        assert sorted(p.name for p in results[0].parent.glob("logs/node-*.log")), "per-node logs survive the job"
-    assert not wait_gone(env["RAY_TMPDIR"])
+def test_ray_job_submit_onto_a4ray_local_up(shared_local_up):
+    up, env = shared_local_up, shared_local_up.env
+    job_id = f"a4ray-test-{uuid.uuid4().hex[:8]}"
+    submit = subprocess.run(
+        ["ray", "job", "submit", "--address", up.address, "--submission-id", job_id, "--working-dir", str(REPO),
+         "--", "python", "-m", "a4ray.ddp_test", "--local-nodes", "2", "--gpus-per-node", "1",
+         "--set", "ddp_test.hidden=64", "--set", "ddp_test.steps=3", "--set", "name=cli-submit"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
+    logs = subprocess.run(["ray", "job", "logs", "--address", up.address, job_id], env=env,
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "cluster: Ray cluster at" in logs and "(from RAY_ADDRESS" in logs
+    assert "[n0 r0]" in logs and "[n1 r1]" in logs and "PASS: 2/2 ranks over 2 nodes" in logs
+    # The run directory is where `a4ray local up` was started, not in the job's temporary working_dir copy.
+    results = list(up.root.glob(".a4ray/runs/cli-submit-*/result.json"))
+    assert len(results) == 1 and json.loads(results[0].read_text())["ok"], results
+    assert sorted(p.name for p in results[0].parent.glob("logs/node-*.log")), "per-node logs survive the job"

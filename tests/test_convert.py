@@ -200,16 +200,30 @@ def test_pai_and_swift_dry_runs_print_each_nodes_documented_command(tmp_path):
         "architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 48, "hidden_size": 2048,
         "num_experts": 128, "torch_dtype": "bfloat16"}))
 
-    def dry(*sets: str) -> dict:
-        result = tmp_path / "plan.json"
-        out = subprocess.run([PYTHON, "-m", "a4ray.cli", "convert", "--dry-run", "--result", str(result),
-                              "--set", f"convert.input={model}", "--set", f"storage.workspace={tmp_path}",
-                              *[a for s in sets for a in ("--set", s)]],
-                             env=isolated_env(tmp_path), capture_output=True, text=True, cwd=REPO, timeout=120)
-        assert out.returncode == 0, out.stderr
+    def start(*sets: str) -> None:
+        result = tmp_path / f"plan-{len(runs)}.json"
+        proc = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "convert", "--dry-run", "--result", str(result),
+                                 "--set", f"convert.input={model}", "--set", f"storage.workspace={tmp_path}",
+                                 *[a for s in sets for a in ("--set", s)]],
+                                env=isolated_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=REPO)
+        runs.append((proc, result))
+
+    def dry(index: int) -> dict:
+        err, code, result = finished[index]
+        assert code == 0, err
         return json.loads(result.read_text())
 
-    pai = dry("convert.backend=pai", "convert.pai.repo=/opt/pai", "cluster.nodes=2")
+    # All four at once: each is mostly Python importing a4ray, and side by side they share the cores.
+    runs: list[tuple[subprocess.Popen, Path]] = []
+    start("convert.backend=pai", "convert.pai.repo=/opt/pai", "cluster.nodes=2")
+    start("convert.backend=swift", "cluster.nodes=1", "convert.swift.version=3.8.0")
+    start("convert.backend=swift", "cluster.nodes=1", "convert.swift.version=3.12.0",
+          "convert.swift.nproc_per_node=8", "convert.swift.expert_model_parallel_size=8")
+    start("convert.backend=swift", "cluster.nodes=1", "convert.swift.version=4.5.2")
+    finished = [(proc.communicate(timeout=300)[1], proc.returncode, result) for proc, result in runs]
+
+    pai = dry(0)
     toolkit = "/opt/pai/toolkits/distributed_checkpoints_convertor"
     for rank, node in enumerate(pai["nodes"]):
         assert node["cwd"] == toolkit
@@ -219,19 +233,18 @@ def test_pai_and_swift_dry_runs_print_each_nodes_documented_command(tmp_path):
         assert node["env"]["KUBERNETES_CONTAINER_RESOURCE_GPU"] == "8"
         assert {"MASTER_ADDR", "MASTER_PORT"} <= set(node["env"])
 
-    swift = dry("convert.backend=swift", "cluster.nodes=1", "convert.swift.version=3.8.0")
+    swift = dry(1)
     (node,) = swift["nodes"]
     assert node["argv"][:6] == ["swift", "export", "--model", str(model), "--to_mcore", "true"]
     assert node["argv"][6:8] == ["--torch_dtype", "bfloat16"] and node["argv"][8] == "--output_dir"
 
-    multi = dry("convert.backend=swift", "cluster.nodes=1", "convert.swift.version=3.12.0",
-                "convert.swift.nproc_per_node=8", "convert.swift.expert_model_parallel_size=8")
+    multi = dry(2)
     (node,) = multi["nodes"]
     assert node["argv"][:2] == ["megatron", "export"] and "--save" in node["argv"]
     assert node["argv"][node["argv"].index("--expert_model_parallel_size") + 1] == "8"
     assert node["env"]["NPROC_PER_NODE"] == "8"
 
-    skipped = dry("convert.backend=swift", "cluster.nodes=1", "convert.swift.version=4.5.2")
+    skipped = dry(3)
     assert skipped["nodes"] == [] and any("trains from the HF safetensors directly" in d for d in skipped["details"])
 
 

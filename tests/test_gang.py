@@ -204,17 +204,17 @@ def test_success_streams_lines_and_masks_secrets(local_cluster, tmp_path, capfd)
     assert NODE_SECRET not in out + logs + result.model_dump_json()
 
 
-def test_gib_env_on_nodes_and_node_loss(fresh_cluster, tmp_path):
-    """On a private cluster whose nodes keep NVLink multicast off (as the GPU hosts do): gIB is sourced
+def test_gib_env_on_nodes_and_node_loss(extra_nodes, tmp_path):
+    """On nodes of their own that keep NVLink multicast off (as the GPU hosts do): gIB is sourced
     on the node, the operator's NCCL_NVLS_ENABLE=0 survives a user override; then a node is lost."""
     gib = tmp_path / "gib" / "scripts"
     gib.mkdir(parents=True)
     (gib / "set_nccl_env.sh").write_text("export NCCL_NET=gIB NCCL_IB_TC=52 NCCL_NVLS_ENABLE=1\n")
-    cluster = fresh_cluster(nodes=2, gpus=1, node_env={i: {"NCCL_NVLS_ENABLE": "0"} for i in range(2)})
+    cluster = extra_nodes(nodes=2, gpus=1, node_env={i: {"NCCL_NVLS_ENABLE": "0"} for i in range(2)})
     probe = "echo NET=$NCCL_NET IF=$NCCL_SOCKET_IFNAME NVLS=$NCCL_NVLS_ENABLE LD=$LD_LIBRARY_PATH"
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "network.gib=on",
                f"network.gib_script={gib / 'set_nccl_env.sh'}", "network.env.NCCL_NVLS_ENABLE=1",
-               f"command.argv=[bash, -c, '{probe}']", workspace=tmp_path)
+               f"command.argv=[bash, -c, '{probe}']", *cluster.sets, workspace=tmp_path)
     result, _ = run_gang(spec)
     assert result.ok
     for node in result.nodes:
@@ -235,10 +235,10 @@ def test_gib_env_on_nodes_and_node_loss(fresh_cluster, tmp_path):
     assert_no_leftovers(error.result.launch_id, within_s=60)
 
 
-def test_a_peer_failing_because_a_node_was_lost_names_the_lost_node(fresh_cluster, tmp_path):
+def test_a_peer_failing_because_a_node_was_lost_names_the_lost_node(extra_nodes, tmp_path):
     """When a node dies, its peers' collectives fail within milliseconds, often before Ray reports the
     node; the message must name the lost node as the cause, not the peer that failed first."""
-    cluster = fresh_cluster(nodes=2, gpus=1)
+    cluster = extra_nodes(nodes=2, gpus=1)
     script = tmp_path / "allreduce_forever.py"
     script.write_text(
         "import time, torch, torch.distributed as dist\n"
@@ -253,7 +253,7 @@ def test_a_peer_failing_because_a_node_was_lost_names_the_lost_node(fresh_cluste
             threading.Thread(target=cluster.remove_node, args=(1,)).start()
 
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", f"command.argv=[{script}]",
-               "command.torchrun=true", workspace=tmp_path)
+               "command.torchrun=true", *cluster.sets, workspace=tmp_path)
     error, _ = run_gang(spec, on_line=lose_node_1)
     assert isinstance(error, GangFailed), error
     assert str(error).startswith("node 1 (") and "was lost" in str(error), str(error)

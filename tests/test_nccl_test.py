@@ -16,7 +16,6 @@ from a4ray import nccl_test
 from a4ray.core.errors import ToolMissing
 from a4ray.driver.execute import run
 from a4ray.programs.collectives import bus_factor
-from a4ray.runtime.simulated import simulated_ip
 from tests.conftest import job
 
 STANDIN = Path(__file__).parent / "programs" / "nccl_tests_standin.py"
@@ -87,17 +86,17 @@ def test_missing_nccl_tests_names_the_nodes(local_cluster, tmp_path):
 
 
 @pytest.mark.slow
-def test_isolation_names_the_misconfigured_node(fresh_cluster, tmp_path):
+def test_isolation_names_the_misconfigured_node(extra_nodes, tmp_path):
     """Node 2's gloo is pointed at a NIC it does not have (as a node with a broken network setup would
     be): the all-node run fails, node pairs are tested, and node 2 is named."""
-    fresh_cluster(3, 1, node_env={2: {"GLOO_SOCKET_IFNAME": "a4ray-no-such-nic"}})
+    nodes = extra_nodes(3, 1, node_env={2: {"GLOO_SOCKET_IFNAME": "a4ray-no-such-nic"}})
     spec = job("nccl_test", "cluster.nodes=3", "cluster.gpus_per_node=1", "cluster.stop_grace_s=3",
                "nccl.collectives=[all_reduce]", "nccl.cpu_min_bytes=1M", "nccl.cpu_max_bytes=1M", "nccl.iters=2",
-               "nccl.warmup=1", "nccl.isolate=true", "timeout_s=120", workspace=tmp_path)
+               "nccl.warmup=1", "nccl.isolate=true", "timeout_s=120", *nodes.sets, workspace=tmp_path)
     result = run(spec)
     assert not result.ok
     iso = result.isolation
-    assert [(b.rank, b.ip) for b in iso.bad_nodes] == [(2, simulated_ip(2))], iso
+    assert [(b.rank, b.ip) for b in iso.bad_nodes] == [(2, nodes.ip(2))], iso
     assert [(t.nodes, t.ok) for t in iso.tests] == [([0, 1], True), ([0, 2], False)]
     assert "bad node(s): node 2" in result.verdict
     assert (Path(result.gang.log_dir) / "isolate" / "n0-n2" / "node-01.log").is_file()

@@ -149,8 +149,8 @@ def gang_node_ids() -> set[str]:
             and pg["state"] == "CREATED" for node in pg["bundles_to_node_id"].values()}
 
 
-def test_a_lost_node_is_survived_by_a_restart_from_checkpoint(fresh_cluster, tmp_path, capfd):
-    cluster = fresh_cluster(nodes=3, gpus=1)  # the gang takes 2, one is spare
+def test_a_lost_node_is_survived_by_a_restart_from_checkpoint(extra_nodes, tmp_path, capfd):
+    cluster = extra_nodes(nodes=3, gpus=1)  # the gang takes 2, one is spare
     script, state = tmp_path / "trainer.py", tmp_path / "state.json"
     script.write_text(CHECKPOINTING_TRAINER)
 
@@ -165,7 +165,8 @@ def test_a_lost_node_is_survived_by_a_restart_from_checkpoint(fresh_cluster, tmp
         return thread
 
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "command.torchrun=true",
-               f"command.argv=[{script}, {state}]", "restart.max_restarts=2", "restart.backoff_s=1", workspace=tmp_path)
+               f"command.argv=[{script}, {state}]", "restart.max_restarts=2", "restart.backoff_s=1", *cluster.sets,
+               workspace=tmp_path)
     killer = kill_a_gang_node_at(4)
     result = run(spec)
     killer.join(timeout=5)

@@ -14,6 +14,8 @@ import signal
 import threading
 
 from a4ray.core.console import say
+from a4ray.core.errors import A4RayError
+from a4ray.driver.main import error_exit
 from a4ray.observe import prometheus
 from a4ray.runtime import auth
 from a4ray.runtime.simulated import SimulatedCluster
@@ -26,8 +28,8 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--nodes", type=int, default=2)
     up.add_argument("--gpus-per-node", type=int, default=8)
     up.add_argument("--machine-type", default="a4-highgpu-8g")
-    up.add_argument("--dashboard-port", type=int, default=8265)
-    up.add_argument("--client-port", type=int, default=10001, help="Ray Client port (ray://127.0.0.1:PORT); 0: none")
+    up.add_argument("--dashboard-port", type=port, default=8265)
+    up.add_argument("--client-port", type=port, default=10001, help="Ray Client port (ray://127.0.0.1:PORT); 0: none")
     up.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=None,
                     help="run a Prometheus on loopback scraping the cluster, for the dashboard's Metrics page "
                     "(default: on where `prometheus` is installed)")
@@ -36,12 +38,22 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     up.set_defaults(func=_up)
 
 
+def port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise ValueError(text)  # argparse: "invalid port value", naming the option
+    return port
+
+
 def _up(args: argparse.Namespace) -> int:
     metrics = prometheus.installed() is not None if args.metrics is None else args.metrics
-    cluster = SimulatedCluster(args.nodes, args.gpus_per_node, machine_type=args.machine_type,
-                               dashboard=True, dashboard_port=args.dashboard_port,
-                               client_port=args.client_port or None, host=args.host,
-                               prometheus=prometheus.LocalPrometheus() if metrics else None)
+    try:
+        cluster = SimulatedCluster(args.nodes, args.gpus_per_node, machine_type=args.machine_type,
+                                   dashboard=True, dashboard_port=args.dashboard_port,
+                                   client_port=args.client_port or None, host=args.host,
+                                   prometheus=prometheus.LocalPrometheus() if metrics else None)
+    except A4RayError as error:  # a shape no cluster has: said before any Ray process starts
+        return error_exit(error)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -24,10 +24,13 @@ import tempfile
 from pathlib import Path
 
 from a4ray.core.console import say, warn
+from a4ray.core.errors import SpecError
 from a4ray.observe.prometheus import LocalPrometheus
 from a4ray.runtime import auth
 from a4ray.runtime.rayenv import HEAD_ENV
 from a4ray.spec.cluster import TopologySpec
+from a4ray.spec.job import ClusterJob
+from a4ray.spec.overrides import validate
 
 SIMULATED_LABEL = "a4ray.io/simulated"
 # Where relative local paths (storage.local_workspace) resolve on a simulated cluster: the directory it was
@@ -36,6 +39,9 @@ SIMULATED_LABEL = "a4ray.io/simulated"
 LOCAL_ROOT_ENV = "A4RAY_LOCAL_ROOT"
 NODES_PER_SUBBLOCK = 4  # so a simulated topology has more than one subblock to order
 DASHBOARD_PORT = 8265
+# Every simulated node is a raylet and its workers on this one machine (and has its own 127.0.0.x address):
+# more than this is no rehearsal a machine can hold.
+MAX_SIMULATED_NODES = 32
 
 
 def local_root() -> Path:
@@ -116,6 +122,13 @@ class SimulatedCluster:
                  object_store_mb: int = 256, persistent: bool = False, loopback_ips: bool = True,
                  node_env: dict[int, dict[str, str]] | None = None, host: str = auth.LOOPBACK,
                  prometheus: LocalPrometheus | None = None):
+        # Its shape is a cluster spec's (the same limits), refused before any Ray process starts.
+        validate(ClusterJob, {"cluster": {"nodes": nodes, "gpus_per_node": gpus_per_node, "machine_type": machine_type}},
+                 "the embedded local cluster")
+        if nodes > MAX_SIMULATED_NODES:
+            raise SpecError("the embedded local cluster", [
+                f"cluster.nodes: {nodes} simulated nodes would all run on this machine; at most "
+                f"{MAX_SIMULATED_NODES} (join a real cluster with --address for more)"])
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.machine_type = machine_type
@@ -179,22 +192,25 @@ class SimulatedCluster:
             self.add_node(index)
         return self.address
 
-    def add_node(self, index: int | None = None):
-        """Start simulated node `index` (default: the next free index); returns its Ray node."""
+    def add_node(self, index: int | None = None, *, machine_type: str | None = None, gpus: int | None = None,
+                 env: dict[str, str] | None = None):
+        """Start simulated node `index` (default: the next free index), of `machine_type` with `gpus` logical GPUs
+        (default: the cluster's), `env` added to its processes' environment; returns its Ray node."""
         assert self.cluster is not None
         if index is None:
             index = max(self.workers, default=-1) + 1
+        machine_type = machine_type or self.machine_type
         env = {LOCAL_ROOT_ENV: self.root, **_python_first(), **self._separate_host_env(index),
-               **self.node_env.get(index, {})}
-        if self._gpu_slices is not None and (index + 1) * self.gpus_per_node <= len(self._gpu_slices):
+               **self.node_env.get(index, {}), **(env or {})}
+        if gpus is None and self._gpu_slices is not None and (index + 1) * self.gpus_per_node <= len(self._gpu_slices):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(
                 self._gpu_slices[index * self.gpus_per_node:(index + 1) * self.gpus_per_node])
         labels = {**simulated_location(index, self.topology), SIMULATED_LABEL: "true",
-                  "a4ray.io/machine-type": self.machine_type}
+                  "a4ray.io/machine-type": machine_type}
         ip = {"node_ip_address": simulated_ip(index)} if self.loopback_ips else {}
         node = self.cluster.add_node(
-            num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node,
-            resources={self.machine_type: 1}, labels=labels, env_vars=env,
+            num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node if gpus is None else gpus,
+            resources={machine_type: 1}, labels=labels, env_vars=env,
             object_store_memory=self.object_store_mb * 2**20,
             # Each machine unpacks a job's working_dir into its own runtime-resources directory, and each
             # node's agent replaces that copy when it first sets the job up. Simulated nodes share one

@@ -22,10 +22,10 @@ from pathlib import PurePosixPath
 from typing import Literal, Self
 from urllib.parse import urlsplit
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveFloat, field_validator, model_validator
 
 from a4ray.core.redact import redact_url
-from a4ray.spec.fields import Spec
+from a4ray.spec.fields import MAX_CPUS_PER_NODE, NonNegativeInt, PathStr, PositiveInt, Seconds, Spec
 from a4ray.spec.job import JobSpec, job_kind
 
 SCHEMES = ("hf", "https", "http", "gs", "file", "git+https", "git+http", "git+file")
@@ -95,8 +95,8 @@ class ArtifactSpec(Spec):
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$", description="short id used in logs and metrics")
     source: str = Field(description="hf://, https://, gs://, file://, git+https://...@<commit>, or a path")
-    target: str = Field(description="directory the artifact is published as, relative to the workspace")
-    files: list[str] = Field(default_factory=list,
+    target: PathStr = Field(description="directory the artifact is published as, relative to the workspace")
+    files: list[PathStr] = Field(default_factory=list,
                              description="exact files under the source (for https: names under a URL ending in /)")
     include: list[str] = Field(default_factory=list, description="glob patterns of files to take (default: all)")
     exclude: list[str] = Field(default_factory=list, description="glob patterns of files to leave out")
@@ -159,7 +159,7 @@ class ArtifactSpec(Spec):
 class StagingOptions(Spec):
     """How artifacts are staged. Tokens never go in a spec: only where to read them on the nodes."""
 
-    token_file: str | None = Field(
+    token_file: PathStr | None = Field(
         None, description="file on the nodes holding the Hub token (a mounted Kubernetes Secret); "
         f"else {' or '.join(TOKEN_ENV)} from the nodes' environment")
     hf_endpoint: str | None = Field(None, description="Hub endpoint for hf:// sources (a mirror); default: "
@@ -168,7 +168,7 @@ class StagingOptions(Spec):
     retries: NonNegativeInt = Field(2, description="re-runs of a staging task whose worker or node died (resuming)")
     replace: bool = Field(False, description="replace a target staged from another source, modified, or "
                           "not staged by a4ray (its files are reused where they verify)")
-    cpus: PositiveFloat = Field(1, description="Ray CPUs each staging task holds")
+    cpus: float = Field(1, gt=0, le=MAX_CPUS_PER_NODE, description="Ray CPUs each staging task holds")
     node_labels: dict[str, str] = Field(
         default_factory=dict, description="Ray node label selector for nodes that mount the workspace (default: any)")
 
@@ -210,4 +210,4 @@ class StageJob(Staged, JobSpec):
     """`a4ray stage -f`: stage the artifacts onto the workspace, nothing else."""
 
     kind: Literal["stage"] = "stage"
-    timeout_s: PositiveFloat | None = Field(None, description="wall-clock limit of the whole staging")
+    timeout_s: Seconds | None = Field(None, description="wall-clock limit of the whole staging")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, field_validator
 
-from a4ray.spec.fields import EnvVars, Spec
+from a4ray.spec.fields import (MAX_CPUS_PER_NODE, MAX_GPUS_PER_NODE, MAX_NODES, EnvVars, PathStr, Seconds, Spec,
+                               workspace_problem)
 
 # GKE's node labels for the physical topology of A4 nodes (block > subblock > host). The pod launcher
 # copies the node's GCE `physical_host` into Ray node labels under these same keys.
@@ -31,12 +32,12 @@ class TopologySpec(Spec):
 class ClusterSpec(Spec):
     """The gang: `nodes` whole machines of `machine_type`, each with `gpus_per_node` GPUs."""
 
-    nodes: PositiveInt = 2
-    gpus_per_node: PositiveInt = 8
-    machine_type: str = Field("a4-highgpu-8g", pattern=r"^[a-z0-9][a-z0-9-]*$")
-    cpus_per_node: PositiveFloat = Field(1, description="Ray CPUs the node actor reserves per node")
-    start_timeout_s: PositiveFloat = Field(120, description="how long to wait for the gang to be placed")
-    stop_grace_s: PositiveFloat = Field(10, description="SIGTERM to SIGKILL grace when stopping a node")
+    nodes: int = Field(2, gt=0, le=MAX_NODES)
+    gpus_per_node: int = Field(8, gt=0, le=MAX_GPUS_PER_NODE)
+    machine_type: str = Field("a4-highgpu-8g", pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=63)
+    cpus_per_node: float = Field(1, gt=0, le=MAX_CPUS_PER_NODE, description="Ray CPUs the node actor reserves per node")
+    start_timeout_s: Seconds = Field(120, description="how long to wait for the gang to be placed")
+    stop_grace_s: Seconds = Field(10, description="SIGTERM to SIGKILL grace when stopping a node")
     launcher: Literal["a4ray", "torchrun"] = Field(
         "a4ray", description="what starts a node's ranks of a torchrun workload: a4ray's rank launcher "
         "(torchrun's env contract, no elastic agent: the gang already placed, ranked and supervises the "
@@ -65,7 +66,7 @@ class NetworkSpec(Spec):
     """NCCL networking. `gib: auto` sources the gIB script where a node has it and says where not."""
 
     gib: Literal["on", "off", "auto"] = "auto"
-    gib_script: str = "/usr/local/gib/scripts/set_nccl_env.sh"
+    gib_script: PathStr = "/usr/local/gib/scripts/set_nccl_env.sh"
     gib_overrides: EnvVars = Field(
         default_factory=lambda: dict(A4_NCCL_OVERRIDES),
         description="applied after the gIB script, only on nodes where gIB is used",
@@ -89,8 +90,8 @@ class NetworkSpec(Spec):
 class StorageSpec(Spec):
     """Shared storage every node mounts. Run directories (resolved spec, logs, results) live there."""
 
-    workspace: str = Field("/mnt", description="shared workspace root on every node")
-    local_workspace: str = Field(
+    workspace: PathStr = Field("/mnt", description="shared workspace root on every node")
+    local_workspace: PathStr = Field(
         ".a4ray", description="workspace used instead on the embedded local cluster (relative to cwd)"
     )
 
@@ -100,3 +101,11 @@ class StorageSpec(Spec):
         if not path.startswith("/"):
             raise ValueError("must be an absolute path (the mount point on every node)")
         return path.rstrip("/") or "/"
+
+    @field_validator("workspace", "local_workspace")
+    @classmethod
+    def _a_directory_of_its_own(cls, path: str) -> str:
+        problem = workspace_problem(path) if path.strip() else "must name a directory"
+        if problem:
+            raise ValueError(problem)
+        return path

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat
 
-from a4ray.spec.fields import Spec
+from a4ray.spec.fields import PathStr, PositiveInt, Spec
 from a4ray.spec.job import JobSpec, job_kind
 
 
@@ -32,8 +32,8 @@ class VerifySpec(Spec):
 class PaiConvertSpec(Spec):
     """Pai-Megatron-Patch's `toolkits/distributed_checkpoints_convertor`, run on every node of the gang."""
 
-    repo: str = Field("Pai-Megatron-Patch", description="the staged, pinned checkout (with its Megatron-LM submodules)")
-    script: str = Field("", description="default: scripts/qwen3/run_8xH20.sh, run_A22B_16xH20.sh for A22B, "
+    repo: PathStr = Field("Pai-Megatron-Patch", description="the staged, pinned checkout (with its Megatron-LM submodules)")
+    script: PathStr = Field("", description="default: scripts/qwen3/run_8xH20.sh, run_A22B_16xH20.sh for A22B, "
                         "scripts/qwen3_next/run_8xH20.sh for Qwen3-Next")
     model_size: str = Field("", description="MODEL_SIZE argument (0.6B ... 32B, A3B, A22B); default: from config.json")
     use_cuda: bool = True
@@ -54,8 +54,8 @@ class SwiftConvertSpec(Spec):
 
 
 class ConvertSpec(Spec):
-    input: str = Field("", description="the HF checkpoint directory (config.json + safetensors)")
-    output: str = Field("", description="where conversions go, one directory per input/options; "
+    input: PathStr = Field("", description="the HF checkpoint directory (config.json + safetensors)")
+    output: PathStr = Field("", description="where conversions go, one directory per input/options; "
                         "default: <input>-to-mcore next to the input")
     backend: Literal["native", "pai", "swift"] = "native"
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field("auto", description="auto: the input's dtype")

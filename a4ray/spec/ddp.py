@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat
 
-from a4ray.spec.fields import Spec
+from a4ray.spec.fields import PositiveInt, Spec
 from a4ray.spec.job import JobSpec, job_kind
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveInt, field_validator
+from pydantic import Field, field_validator
 
-from a4ray.spec.fields import EnvVars, Spec
+from a4ray.spec.fields import MAX_GPUS_PER_NODE, EnvVars, PathStr, PositiveInt, Spec
 from a4ray.spec.job import job_kind
 from a4ray.spec.mpi import FabricTestJob
 
@@ -16,15 +16,15 @@ class DeepEPSpec(Spec):
         "mpi", description="mpi: mpirun on node 0, one rank per node (the seeds' way); direct: each node "
         "actor starts the test itself",
     )
-    deepep_dir: str = Field("/opt/deepep/DeepEP", description="the DeepEP checkout (the test imports its siblings)")
-    test_script: str = Field("tests/test_internode.py", description="relative to deepep_dir (on DeepEP main "
+    deepep_dir: PathStr = Field("/opt/deepep/DeepEP", description="the DeepEP checkout (the test imports its siblings)")
+    test_script: PathStr = Field("tests/test_internode.py", description="relative to deepep_dir (on DeepEP main "
                              "after EPv2: tests/legacy/test_internode.py)")
-    env_script: str = Field("/opt/deepep/unified-env.sh", description="sourced on every node after gIB "
+    env_script: PathStr = Field("/opt/deepep/unified-env.sh", description="sourced on every node after gIB "
                             "(NVSHMEM, LD_PRELOAD, ...); empty: none")
     env: EnvVars = Field(default_factory=dict, description="DeepEP/NVSHMEM variables; win over env_script, "
                          "e.g. DEEP_EP_DEVICE_TO_HCA_MAPPING, NVSHMEM_IB_GID_INDEX, LD_PRELOAD")
-    python: str = Field("", description="python on the nodes; empty: the node actor's")
-    num_processes: PositiveInt | None = Field(None, description="GPU processes the test spawns per node "
+    python: PathStr = Field("", description="python on the nodes; empty: the node actor's")
+    num_processes: int | None = Field(None, gt=0, le=MAX_GPUS_PER_NODE, description="GPU processes the test spawns per node "
                                               "(default: cluster.gpus_per_node; upstream asserts 8)")
     num_tokens: PositiveInt = 4096
     hidden: PositiveInt = 7168

@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
-from pydantic import Field, PositiveFloat, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
 from a4ray.core.errors import SpecError
 from a4ray.core.redact import MASK, is_secret_name
 from a4ray.spec.cluster import ClusterSpec, NetworkSpec, StorageSpec
-from a4ray.spec.fields import Spec, escapes_workspace, write_path_problem
+from a4ray.spec.fields import Seconds, Spec, escapes_workspace, write_path_problem
 from a4ray.spec.kuberay import KubeRaySpec
 from a4ray.spec.overrides import dotted, apply_overrides, dump_yaml, parse_sets
 from a4ray.spec.resilience import DoctorSpec, ObserveSpec, RestartSpec
@@ -41,7 +41,7 @@ class JobSpec(Spec):
     cluster: ClusterSpec = ClusterSpec()
     network: NetworkSpec = NetworkSpec()
     storage: StorageSpec = StorageSpec()
-    timeout_s: PositiveFloat | None = Field(None, description="wall-clock limit of a launch (each restart gets its own)")
+    timeout_s: Seconds | None = Field(None, description="wall-clock limit of a launch (each restart gets its own)")
     observe: ObserveSpec = ObserveSpec()
     restart: RestartSpec = RestartSpec()
     doctor: DoctorSpec = DoctorSpec()

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, NonNegativeInt, PositiveInt, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
-from a4ray.spec.fields import Spec
+from a4ray.spec.fields import MAX_SECONDS, PathStr, Spec
 
 # Kubernetes resource quantity (e.g. 250Gi, 500m, 200).
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
@@ -44,7 +44,7 @@ def _pinned_image(image: str) -> str:
 
 
 Quantity = Annotated[str, AfterValidator(_quantity)]
-AbsPath = Annotated[str, AfterValidator(_absolute)]
+AbsPath = Annotated[PathStr, AfterValidator(_absolute)]
 PinnedImage = Annotated[str, AfterValidator(_pinned_image)]
 DnsLabel = Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]
 
@@ -137,11 +137,11 @@ class RayJobOptions(Spec):
     """RayJob-only settings (`a4ray render job`, `a4ray submit`)."""
 
     submission_mode: Literal["K8sJobMode", "HTTPMode", "SidecarMode"] = "K8sJobMode"
-    ttl_s: NonNegativeInt = Field(600, description="keep the finished cluster this long (logs) before deleting it")
-    active_deadline_s: PositiveInt | None = Field(None, description="fail the RayJob after this long")
-    pre_running_deadline_s: PositiveInt | None = Field(
-        None, description="fail the RayJob if it is not running after this long (e.g. nodes never came)")
-    backoff_limit: NonNegativeInt = Field(0, description="retries of the whole RayJob, each on a new cluster")
+    ttl_s: int = Field(600, ge=0, le=MAX_SECONDS, description="keep the finished cluster this long (logs) before deleting it")
+    active_deadline_s: int | None = Field(None, gt=0, le=MAX_SECONDS, description="fail the RayJob after this long")
+    pre_running_deadline_s: int | None = Field(
+        None, gt=0, le=MAX_SECONDS, description="fail the RayJob if it is not running after this long (e.g. nodes never came)")
+    backoff_limit: int = Field(0, ge=0, le=1000, description="retries of the whole RayJob, each on a new cluster")
 
 
 class MonitoringSpec(Spec):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BeforeValidator, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import BeforeValidator, Field, PositiveFloat, model_validator
 
-from a4ray.spec.fields import Spec
+from a4ray.spec.fields import MAX_NODES, NonNegativeInt, PathStr, PositiveInt, Spec
 from a4ray.spec.job import job_kind
 from a4ray.spec.mpi import FabricTestJob
 
@@ -36,7 +36,9 @@ def format_size(n: int) -> str:
     return str(n)
 
 
-Size = Annotated[PositiveInt, BeforeValidator(parse_size)]
+# The largest size: a collective's buffer is in one GPU's memory, and no GPU has a terabyte of it.
+MAX_SIZE = 2**40
+Size = Annotated[int, Field(gt=0, le=MAX_SIZE), BeforeValidator(parse_size)]
 
 # Expected bus bandwidth (GB/s) at the largest size, by collective and node count (the entry with the
 # largest node count <= the gang's applies). For whole A4 nodes: 8 x B200, each with its own 400 Gb/s
@@ -58,7 +60,7 @@ class NcclTestSpec(Spec):
     )
     min_bytes: Size = Field(parse_size("1G"), description="-b: smallest size (nccl-tests notation: 1G = 2^30)")
     max_bytes: Size = Field(parse_size("8G"), description="-e: largest size; busbw here is the verdict's figure")
-    factor: int = Field(2, ge=2, description="-f: size multiplier between rows")
+    factor: int = Field(2, ge=2, le=1024, description="-f: size multiplier between rows")
     iters: PositiveInt = Field(5, description="-n: timed iterations per size")
     warmup: NonNegativeInt = Field(5, description="-w: untimed iterations before each size")
     dtype: Literal["float", "half", "bfloat16"] = "float"
@@ -67,14 +69,14 @@ class NcclTestSpec(Spec):
         "auto", description="auto: nccl-tests where its binaries and mpirun are on every node, else the "
         "built-in torch.distributed benchmark (torchrun)",
     )
-    binaries_dir: str = Field("/third_party/nccl-tests/build", description="where the *_perf binaries are")
+    binaries_dir: PathStr = Field("/third_party/nccl-tests/build", description="where the *_perf binaries are")
     cpu_min_bytes: Size = Field(parse_size("1M"), description="smallest size on CPU (gloo): a rehearsal")
     cpu_max_bytes: Size = Field(parse_size("16M"), description="largest size on CPU (gloo): a rehearsal")
     expect_transport: Literal["auto", "gib", "ib", "rdma", "socket", "any"] = Field(
         "auto", description="what NCCL must use between nodes; auto: gib if network.gib=on, else rdma "
         "(gIB or IB); any on simulated or single-node gangs",
     )
-    thresholds: dict[Collective, dict[PositiveInt, PositiveFloat]] = Field(
+    thresholds: dict[Collective, dict[Annotated[int, Field(gt=0, le=MAX_NODES)], PositiveFloat]] = Field(
         default_factory=lambda: {k: dict(v) for k, v in A4_THRESHOLDS.items()},
         description="minimum busbw (GB/s) at the largest size, by collective then node count (the largest "
         "count <= the gang's applies); defaults: 75% of whole A4 nodes' bound; {} for none",

@@ -27,7 +27,30 @@ J = TypeVar("J", bound=BaseModel)
 
 
 class _Yaml12Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 booleans: only true/false. `gib: on` must stay the string "on"."""
+    """SafeLoader with YAML 1.2 booleans (only true/false: `gib: on` must stay the string "on"), made strict:
+    a key given twice in one mapping (PyYAML keeps the last, silently) and aliases (`*name`: a few lines of
+    them expand to billions of values) are errors, at the line where they are."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark,
+                    f"key {key!r} is given twice (first at line {seen[key] + 1}): a spec says each field once",
+                    key_node.start_mark)
+            if isinstance(key, typing.Hashable):
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"the alias *{event.anchor} is not allowed in a4ray specs: write the value out",
+                event.start_mark)
+        return super().compose_node(parent, index)
 
 
 _Yaml12Loader.yaml_implicit_resolvers = {
@@ -44,6 +67,9 @@ _Yaml12Loader.add_implicit_resolver(
 def parse_yaml(text: str, source: str) -> Any:
     try:
         return yaml.load(text, Loader=_Yaml12Loader)
+    except RecursionError:
+        raise SpecError(source, ["not valid YAML: nested too deeply (brackets or indentation thousands of levels "
+                                 "deep)"], hint="a spec's fields nest a few levels") from None
     except yaml.YAMLError as e:
         mark, context = getattr(e, "problem_mark", None), getattr(e, "context_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -73,8 +99,15 @@ def read_yaml_file(path: Path, source: str) -> Any:
     return parse_yaml(text, source)
 
 
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes a value seen twice out twice: what a4ray writes, its strict loader reads back."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def dump_yaml(data: Any) -> str:
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+    return yaml.dump(data, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False)
 
 
 # --------------------------------------------------------------------------------------- --set

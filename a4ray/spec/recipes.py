@@ -18,7 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from a4ray.spec.artifacts import Staged
 from a4ray.spec.conversion import ConvertSpec
-from a4ray.spec.fields import Spec
+from a4ray.spec.fields import PathStr, Spec
 from a4ray.spec.job import JOB_KINDS, JobSpec, job_kind
 from a4ray.spec.train import SwiftTrainSpec, TrainSpec
 
@@ -61,7 +61,7 @@ class RecipeJob(Staged, JobSpec):
 
     pipeline: PipelineSpec = PipelineSpec()
     convert: ConvertSpec = ConvertSpec()
-    standins: str | None = Field(None, description="local rehearsals: make the tiny stand-ins (a4ray.staging.standins) "
+    standins: PathStr | None = Field(None, description="local rehearsals: make the tiny stand-ins (a4ray.staging.standins) "
                                  "in this directory, relative to the current one, before staging them")
     recipe_defaults: ClassVar[dict] = {}
     rehearses_locally: ClassVar[bool] = True

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import Field
 
-from a4ray.spec.fields import Spec
+from a4ray.spec.fields import ExitCode, NonNegativeInt, NonNegativeSeconds, PositiveInt, Seconds, Spec
 
 # Failures worth another attempt: the fabric or a peer went away, not the job's configuration.
 RETRY_PATTERNS = [
@@ -34,9 +34,9 @@ class WatchdogSpec(Spec):
     restart (if the restart policy allows) or fail."""
 
     enabled: bool = True
-    no_progress_s: PositiveFloat | None = Field(1800, description="max time between iteration lines")
-    startup_s: PositiveFloat | None = Field(None, description="max time to the first iteration line")
-    no_output_s: PositiveFloat | None = Field(None, description="max time with no output from any node")
+    no_progress_s: Seconds | None = Field(1800, description="max time between iteration lines")
+    startup_s: Seconds | None = Field(None, description="max time to the first iteration line")
+    no_output_s: Seconds | None = Field(None, description="max time with no output from any node")
     py_spy: bool = Field(True, description="dump the Python stacks of every rank on a hang")
     flight_recorder: bool = Field(
         True, description="keep PyTorch's NCCL flight recorder on (TORCH_FR_BUFFER_SIZE) and dump it on a hang")
@@ -46,10 +46,10 @@ class RestartSpec(Spec):
     """Relaunch the gang (a new placement group, so a lost node is replaced by a free one) from the
     latest complete checkpoint, up to `max_restarts` times. Never after success or a config error."""
 
-    max_restarts: NonNegativeInt = 0
-    backoff_s: float = Field(10, ge=0)
-    retry_exit_codes: list[int] = Field(default_factory=list, description="always retried")
-    never_exit_codes: list[int] = Field(default_factory=lambda: [2], description="never retried (2: usage error)")
+    max_restarts: int = Field(0, ge=0, le=1000)
+    backoff_s: NonNegativeSeconds = 10
+    retry_exit_codes: list[ExitCode] = Field(default_factory=list, description="always retried")
+    never_exit_codes: list[ExitCode] = Field(default_factory=lambda: [2], description="never retried (2: usage error)")
     retry_patterns: list[str] = Field(default_factory=lambda: list(RETRY_PATTERNS))
     never_patterns: list[str] = Field(default_factory=lambda: list(NEVER_PATTERNS))
     unknown: Literal["retry-if-progressed", "retry", "fail"] = Field(
@@ -81,7 +81,7 @@ class DoctorSpec(Spec):
 
     min_shm_gb: float = Field(8, ge=0, description="/dev/shm size below this is a warning (A4 pods: 250Gi)")
     min_free_disk_gb: float = Field(20, ge=0, description="free space on the workspace below this is a failure")
-    max_clock_skew_s: float = Field(2.0, gt=0, description="clock skew against the driver above this fails")
+    max_clock_skew_s: Seconds = Field(2.0, description="clock skew against the driver above this fails")
     network: bool = Field(True, description="run a short all-reduce over the gang and check NCCL's transport")
     network_bytes: str = Field("1G", description="all-reduce size of the network check (nccl-tests notation); "
                                "its busbw is held to nccl_test's all_reduce thresholds")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, model_validator
 
-from a4ray.spec.fields import Arg, EnvVars, Spec
+from a4ray.spec.fields import Arg, EnvVars, NonNegativeInt, PathStr, PositiveInt, Spec
 
 
 class ParallelSpec(Spec):
@@ -33,10 +33,10 @@ class PaiSpec(Spec):
     """Pai-Megatron-Patch's `examples/<model>/run_mcore_qwen3.sh`: the fields its 27 positional arguments and
     its `MP_*` environment knobs are built from (a4ray/trainers/pai.py)."""
 
-    repo: str = Field("Pai-Megatron-Patch", description="the staged, pinned checkout (with its Megatron-LM submodules)")
-    script: str = Field("examples/qwen3_next/run_mcore_qwen3.sh", description="the run script, relative to the repo")
+    repo: PathStr = Field("Pai-Megatron-Patch", description="the staged, pinned checkout (with its Megatron-LM submodules)")
+    script: PathStr = Field("examples/qwen3_next/run_mcore_qwen3.sh", description="the run script, relative to the repo")
     model_size: str = Field("A3B", description="MODEL_SIZE: a size the script defines (qwen3_next: A3B)")
-    load: str = Field("", description="PRETRAIN_CHECKPOINT_PATH: the Megatron checkpoint (with the HF tokenizer "
+    load: PathStr = Field("", description="PRETRAIN_CHECKPOINT_PATH: the Megatron checkpoint (with the HF tokenizer "
                       "files) to start from; default: the convert step's output")
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     parallel: ParallelSpec = ParallelSpec(ep=8)
@@ -67,7 +67,7 @@ class TorchTrainerSpec(Spec):
                                            "of a model too large to train whole under DDP)")
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: PositiveFloat = 1.0
-    seed: int = 1234
+    seed: NonNegativeInt = 1234
     keep_checkpoints: PositiveInt = Field(2, description="checkpoints kept (the newest)")
     threads: PositiveInt | None = Field(None, description="CPU threads per rank (default: CPUs / local ranks)")
 
@@ -90,12 +90,12 @@ class MegatronTrainerSpec(Spec):
     grad_clip: PositiveFloat = 1.0
     aux_loss_coeff: float | None = Field(None, ge=0, description="the routers' load-balancing loss coefficient "
                                          "(default: the HF config's router_aux_loss_coef)")
-    seed: int = 1234
+    seed: NonNegativeInt = 1234
     keep_checkpoints: NonNegativeInt = Field(0, description="checkpoints kept, the newest (0: all)")
     check_save: bool = Field(False, description="load every checkpoint back through megatron-core after saving it "
                              "and compare every model and optimizer tensor with what was saved")
     threads: PositiveInt | None = Field(None, description="CPU threads per rank (default: CPUs / local ranks)")
-    stand_in: str = Field("", description="a rehearsal's stand-in: on simulated nodes where megatron-core cannot "
+    stand_in: PathStr = Field("", description="a rehearsal's stand-in: on simulated nodes where megatron-core cannot "
                           "build train.model's layers (Qwen3-Next needs Transformer Engine and FLA's GPU kernels), "
                           "this HF checkpoint (e.g. its Qwen3-MoE sibling) is converted too and trained instead")
 
@@ -109,12 +109,12 @@ class TrainSpec(Spec):
     mode: Literal["pretrain", "sft"] = "pretrain"
     sft_data: Literal["json", "mmap"] = Field(
         "json", description="sft: the Alpaca JSON (Pai's MP_DATASET_TYPE=raw) or an SFT idxmap (train.sft_mmap)")
-    model: str = Field("", description="the Hugging Face checkpoint: the converter's input, the torch trainer's model")
-    pretrain_data: str = Field("datasets/qwen-mmap/mmap_qwen3_datasets_text_document",
+    model: PathStr = Field("", description="the Hugging Face checkpoint: the converter's input, the torch trainer's model")
+    pretrain_data: PathStr = Field("datasets/qwen-mmap/mmap_qwen3_datasets_text_document",
                                description="Megatron indexed dataset prefix (.bin/.idx) for pretraining")
-    sft_json: str = "datasets/alpaca/alpaca_zh-train-general.json"
-    sft_json_valid: str = "datasets/alpaca/alpaca_zh-valid-general.json"
-    sft_mmap: str = Field("", description="SFT idxmap prefix (Pai's toolkits/sft_data_preprocessing output)")
+    sft_json: PathStr = "datasets/alpaca/alpaca_zh-train-general.json"
+    sft_json_valid: PathStr = "datasets/alpaca/alpaca_zh-valid-general.json"
+    sft_mmap: PathStr = Field("", description="SFT idxmap prefix (Pai's toolkits/sft_data_preprocessing output)")
     micro_batch_size: PositiveInt = 1
     global_batch_size: PositiveInt | None = Field(None, description="default: micro_batch_size x data-parallel size")
     lr: PositiveFloat = 1e-5
@@ -125,7 +125,7 @@ class TrainSpec(Spec):
     warmup_iterations: NonNegativeInt = 10
     save_interval: PositiveInt = 1000
     log_interval: PositiveInt = Field(1, description="torch trainer: iterations between log lines")
-    output: str = Field("", description="where logs, TensorBoard and checkpoints go (Pai's OUTPUT_BASEPATH); "
+    output: PathStr = Field("", description="where logs, TensorBoard and checkpoints go (Pai's OUTPUT_BASEPATH); "
                         "default: logs/output_<trainer>_<job kind>_<mode>")
     pai: PaiSpec = PaiSpec()
     torch: TorchTrainerSpec = TorchTrainerSpec()
@@ -163,8 +163,8 @@ class SwiftTrainSpec(Spec):
     trainer: Literal["swift"] = "swift"
     version: str = Field("3.8.0", pattern=r"^\d+\.\d+(\.\d+)?$", description="the ms-swift version in the image: "
                          "< 3.12 trains from an mcore checkpoint (--load), 3.12+ and 4.x from the HF weights (--model)")
-    model: str = Field("ckpts/huggingface/Qwen3-30B-A3B-Instruct-2507", description="the Hugging Face checkpoint")
-    load: str = Field("", description="ms-swift < 3.12: the mcore checkpoint for --load; default: the convert output")
+    model: PathStr = Field("ckpts/huggingface/Qwen3-30B-A3B-Instruct-2507", description="the Hugging Face checkpoint")
+    load: PathStr = Field("", description="ms-swift < 3.12: the mcore checkpoint for --load; default: the convert output")
     dataset: list[str] = Field(default_factory=lambda: ["AI-ModelScope/orpo-dpo-mix-40k"],
                                description="ModelScope/HF dataset ids or staged paths (relative to the workspace)")
     split_dataset_ratio: float = Field(0.01, ge=0, lt=1)
@@ -186,7 +186,7 @@ class SwiftTrainSpec(Spec):
     lr: PositiveFloat = 1e-5
     lr_warmup_fraction: float = Field(0.05, ge=0, lt=1)
     min_lr: float = Field(1e-6, ge=0)
-    output: str = Field("megatron_output/Qwen3-30B-A3B-Instruct-2507", description="--save (3.x) / --output_dir (4.x)")
+    output: PathStr = Field("megatron_output/Qwen3-30B-A3B-Instruct-2507", description="--save (3.x) / --output_dir (4.x)")
     save_interval: PositiveInt = 200
     eval_interval: PositiveInt = 200
     max_length: PositiveInt = 8192
@@ -201,9 +201,9 @@ class SwiftTrainSpec(Spec):
     beta: PositiveFloat = 0.1
     rpo_alpha: float | None = Field(None, ge=0, description="None: not passed (ms-swift's default)")
     loss_type: str = "sigmoid"
-    modelscope_cache: str = Field("modelscope-cache", description="MODELSCOPE_CACHE: must be shared storage on "
+    modelscope_cache: PathStr = Field("modelscope-cache", description="MODELSCOPE_CACHE: must be shared storage on "
                                   "multi-node runs (ms-swift: else dataset caches diverge and the run may hang)")
-    megatron_lm_path: str = Field("", description="MEGATRON_LM_PATH (ms-swift 3.x clones Megatron-LM without it)")
+    megatron_lm_path: PathStr = Field("", description="MEGATRON_LM_PATH (ms-swift 3.x clones Megatron-LM without it)")
     cuda_alloc_conf: str = Field("expandable_segments:True", description="PYTORCH_CUDA_ALLOC_CONF")
     extra_args: list[Arg] = Field(default_factory=list, description="more `megatron rlhf` flags, appended as given")
     env: EnvVars = Field(default_factory=dict)

@@ -24,7 +24,7 @@ from a4ray.runtime.connect import Connection, attached
 from a4ray.runtime.simulated import local_root
 from a4ray.spec.artifacts import ArtifactSpec, Staged, StagingOptions
 from a4ray.spec.cluster import ClusterSpec, StorageSpec
-from a4ray.spec.fields import escapes_workspace
+from a4ray.spec.fields import escapes_workspace, workspace_problem
 from a4ray.spec.job import JobSpec
 from a4ray.staging.display import Display, human_bytes
 from a4ray.staging.service import get_service
@@ -113,6 +113,8 @@ class Staging:
             raise SpecError(spec.source, ["artifacts: nothing to stage"],
                             hint="pass -f with a stage spec that lists artifacts, e.g. jobs/qwen3_next_local.yaml")
         _chosen(spec.artifacts, self.only)
+        if self.workspace and (problem := workspace_problem(str(Path(self.workspace).absolute()))):
+            raise SpecError("--workspace", [problem])
 
     def plan(self, workspace: str | None = None) -> str:
         return plan(self.spec)
