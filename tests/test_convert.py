@@ -223,11 +223,15 @@ def test_pai_and_swift_dry_runs_print_each_nodes_documented_command(tmp_path):
     (node,) = swift["nodes"]
     assert node["argv"][:6] == ["swift", "export", "--model", str(model), "--to_mcore", "true"]
     assert node["argv"][6:8] == ["--torch_dtype", "bfloat16"] and node["argv"][8] == "--output_dir"
+    # The output is the temporary a4ray made already; ms-swift refuses an existing one unless exist_ok
+    # (v3.8.0 swift/llm/argument/export_args.py L67, L95-96). tests/test_swift_contract.py parses it for real.
+    assert node["argv"][10:12] == ["--exist_ok", "true"]
 
     multi = dry("convert.backend=swift", "cluster.nodes=1", "convert.swift.version=3.12.0",
                 "convert.swift.nproc_per_node=8", "convert.swift.expert_model_parallel_size=8")
     (node,) = multi["nodes"]
     assert node["argv"][:2] == ["megatron", "export"] and "--save" in node["argv"]
+    assert node["argv"][node["argv"].index("--exist_ok") + 1] == "true"
     assert node["argv"][node["argv"].index("--expert_model_parallel_size") + 1] == "8"
     assert node["env"]["NPROC_PER_NODE"] == "8"
 
