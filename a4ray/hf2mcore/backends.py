@@ -8,7 +8,7 @@ per node itself). It needs Transformer Engine and GPUs, and writes `release/` wi
 
 swift: `swift export --model <hf> --to_mcore true --torch_dtype <dtype> --output_dir <dir> --exist_ok true` on
 one node (`<dir>` is the conversion's temporary, which exists already); with several GPUs, `megatron export ...
---to_mcore true --exist_ok true` with `NPROC_PER_NODE` (ms-swift >= 3.11; 4.x names the output `--output_dir`,
+--to_mcore true --exist_ok true` with `NPROC_PER_NODE` (ms-swift >= 3.10; 4.x names the output `--output_dir`,
 3.x `--save`). From 4.0 on ms-swift trains from the HF weights directly
 (mcore-bridge), so the offline conversion is skipped unless forced.
 
@@ -38,6 +38,7 @@ PAI_SIZES = {
 # false: v3.8.0 swift/llm/argument/export_args.py L67/L95-96, v4.5.2 swift/megatron/arguments/export_args.py
 # L23/L37-38).
 EXIST_OK = ("--exist_ok", "true")
+MEGATRON_EXPORT_FROM = (3, 10)  # the first tag with swift/cli/_megatron/export.py
 _PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
@@ -54,11 +55,15 @@ def pai_model(config: dict, pai: PaiConvertSpec, source: str) -> tuple[str, str]
             f"(they define: {', '.join(known)})",
             hint="use backend: native for Qwen3 / Qwen3-MoE / Qwen3-Next, or set convert.pai.model_size and "
                  "convert.pai.script")
-    if pai.script:
-        return size, pai.script
+    return size, pai.script or pai_script(arch, size)
+
+
+def pai_script(arch: str, size: str) -> str:
+    """The converter script (relative to the toolkit) that defines this model: Qwen3-Next has its own
+    (`--synchronizer qwen3_next`, Megatron-LM-250908), Qwen3 and Qwen3-MoE share one, A22B needs 16 GPUs."""
     if arch == "Qwen3NextForCausalLM":
-        return size, "scripts/qwen3_next/run_8xH20.sh"
-    return size, "scripts/qwen3/run_A22B_16xH20.sh" if size == "A22B" else "scripts/qwen3/run_8xH20.sh"
+        return "scripts/qwen3_next/run_8xH20.sh"
+    return "scripts/qwen3/run_A22B_16xH20.sh" if size == "A22B" else "scripts/qwen3/run_8xH20.sh"
 
 
 def precision_name(precision: str, config_dtype: str) -> str:
@@ -94,7 +99,7 @@ def swift_skip_reason(swift: SwiftConvertSpec) -> str | None:
 
 
 def swift_check(swift: SwiftConvertSpec) -> list[str]:
-    if swift.nproc_per_node > 1 and _version(swift.version) < (3, 11):
+    if swift.nproc_per_node > 1 and _version(swift.version) < MEGATRON_EXPORT_FROM:
         return [f"convert.swift.nproc_per_node={swift.nproc_per_node}: ms-swift {swift.version} has no "
                 "`megatron export`; its `swift export` converts in one process (set nproc_per_node=1)"]
     return []
