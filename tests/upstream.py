@@ -1,0 +1,88 @@
+"""Facts read from the pinned upstream files of the tools that do not install here, as data.
+
+Pai-Megatron-Patch a098ca5 (and its Megatron-LM submodules), DeepEP 8a07e7e and nccl-tests v2.17.6 need GPUs,
+Transformer Engine, NVSHMEM or CUDA to run. What a4ray hands them is held to these facts instead: the tests in
+tests/test_upstream_contracts.py compare a4ray's commands with them, and the stand-in scripts other tests launch
+are made here from them (`pai_standin`), so a launch that the real script would get wrong fails there too. Each
+fact names its file and lines; nothing here is upstream code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PAI_COMMIT = "a098ca5acbdeaf7172ce0393fa309b39a77506db"
+
+# examples/qwen3_next/run_mcore_qwen3.sh L3 (ENV=$1), L27-62 ($2..$27); examples/qwen3/run_mcore_qwen3.sh L3,
+# L26-61: the same 27 positional arguments, by these names.
+PAI_RUN_ARGS = (
+    "ENV", "MODEL_SIZE", "BATCH_SIZE", "GLOBAL_BATCH_SIZE", "LR", "MIN_LR", "SEQ_LEN", "PAD_LEN", "PR",
+    "TP", "PP", "CP", "ETP", "EP", "SP", "DO", "FL", "SFT", "AC", "OPTIMIZER_OFFLOAD", "SAVE_INTERVAL",
+    "DATASET_PATH", "VALID_DATASET_PATH", "PRETRAIN_CHECKPOINT_PATH", "TRAIN_TOKENS", "WARMUP_TOKENS",
+    "OUTPUT_BASEPATH",
+)
+# dlc mode (qwen3_next L17-20, L24): NNODES=$WORLD_SIZE NODE_RANK=$RANK GPUS_PER_NODE=$KUBERNETES_CONTAINER_RESOURCE_GPU,
+# MASTER_ADDR/MASTER_PORT straight into torchrun's flags.
+PAI_DLC_ENV = ("WORLD_SIZE", "RANK", "KUBERNETES_CONTAINER_RESOURCE_GPU", "MASTER_ADDR", "MASTER_PORT")
+# The run name's prefix (qwen3_next L261/L270, qwen3 L388/L397) and the checkpoint directory
+# `${OUTPUT_BASEPATH}/checkpoint/${NAME}` (qwen3_next L298/L305, qwen3 L425/L432), NAME =
+# "${PREFIX}-pr-${PR}-tp-${TP}-pp-${PP}-cp-${CP}-ac-${AC}-do-${DO}-sp-${SP}-ti-${TRAIN_ITERS}-wi-${LR_WARMUP_ITERS}",
+# PREFIX = "<pretrain|finetune>-<model>-${MODEL_SIZE}-lr-${LR}-minlr-${MIN_LR}-bs-${BATCH_SIZE}-gbs-..-seqlen-..".
+PAI_RUN_MODEL = {"examples/qwen3_next/run_mcore_qwen3.sh": "mcore-qwen3-next",
+                 "examples/qwen3/run_mcore_qwen3.sh": "mcore-qwen3-moe-megatron"}
+
+
+def pai_run_name(args: dict[str, str], script: str) -> str:
+    """NAME as the run script computes it from its arguments: pretraining counts TRAIN_TOKENS and WARMUP_TOKENS
+    in tokens, TRAIN_ITERS = TRAIN_TOKENS / GLOBAL_BATCH_SIZE / SEQ_LEN in shell integer arithmetic (qwen3_next
+    L267-268); SFT takes them as iterations (L258-259)."""
+    a = args
+    if a["SFT"] == "true":
+        mode, iters, warmup = "finetune", int(a["TRAIN_TOKENS"]), int(a["WARMUP_TOKENS"])
+    else:
+        gbs, seq = int(a["GLOBAL_BATCH_SIZE"]), int(a["SEQ_LEN"])
+        mode, iters, warmup = "pretrain", int(a["TRAIN_TOKENS"]) // gbs // seq, int(a["WARMUP_TOKENS"]) // gbs // seq
+    prefix = (f"{mode}-{PAI_RUN_MODEL[script]}-{a['MODEL_SIZE']}-lr-{a['LR']}-minlr-{a['MIN_LR']}-bs-{a['BATCH_SIZE']}"
+              f"-gbs-{a['GLOBAL_BATCH_SIZE']}-seqlen-{a['SEQ_LEN']}")
+    return (f"{prefix}-pr-{a['PR']}-tp-{a['TP']}-pp-{a['PP']}-cp-{a['CP']}-ac-{a['AC']}-do-{a['DO']}-sp-{a['SP']}"
+            f"-ti-{iters}-wi-{warmup}")
+
+
+# toolkits/distributed_checkpoints_convertor/scripts/<model>/run_*.sh L11-23: WORLD_SIZE, RANK,
+# KUBERNETES_CONTAINER_RESOURCE_GPU, MASTER_ADDR, MASTER_PORT; then MODEL_SIZE LOAD_DIR SAVE_DIR MG2HF USE_CUDA PR
+# [HF_DIR] ($7 only for mcore -> HF). The sizes each defines (its `if [ $MODEL_SIZE = ... ]` blocks: qwen3/run_8xH20.sh
+# L103-213, qwen3/run_A22B_16xH20.sh L103, qwen3_next/run_8xH20.sh L103 with `--synchronizer qwen3_next` L168),
+# and its Megatron-LM submodule (L6).
+PAI_CONVERTER_ARGS = ("MODEL_SIZE", "LOAD_DIR", "SAVE_DIR", "MG2HF", "USE_CUDA", "PR")
+PAI_CONVERTERS = {
+    "scripts/qwen3/run_8xH20.sh": {"sizes": {"0.6B", "1.7B", "4B", "8B", "14B", "32B", "A3B", "A22B"},
+                                   "megatron": "Megatron-LM-250624", "synchronizer": "general"},
+    "scripts/qwen3/run_A22B_16xH20.sh": {"sizes": {"A22B"}, "megatron": "Megatron-LM-250624", "synchronizer": "general"},
+    "scripts/qwen3_next/run_8xH20.sh": {"sizes": {"A3B"}, "megatron": "Megatron-LM-250908",
+                                        "synchronizer": "qwen3_next"},
+}
+
+# DeepEP 8a07e7e tests/test_internode.py L372-384: its options (all `--name value`, store_true for the last).
+DEEPEP_OPTIONS = {"--num-processes", "--num-tokens", "--hidden", "--num-topk-groups", "--num-topk",
+                  "--pressure-test-mode", "--num-experts", "--test-ll-compatibility"}
+
+# nccl-tests v2.17.6 src/util.cu L480: a row's #wrong is printed with %6g; L643: `# Out of bounds values : %d %s`
+# (errors[0]: the sizes whose check failed, `FAILED` if any).
+NCCL_TESTS_WRONG_FORMAT = "%6g"
+NCCL_TESTS_OOB_FORMAT = "# Out of bounds values : %d %s"
+
+
+def pai_standin(path: Path, *, args: int, env: tuple[str, ...], body: str) -> Path:
+    """A stand-in for one of Pai's scripts that refuses what the real one would get wrong: a different
+    number of positional arguments than the pinned script takes, or an unset variable of its env contract
+    (the real script would pass an empty value to torchrun). `body` then runs with the arguments."""
+    checks = "\n".join(f'[ -n "${{{name}:-}}" ] || {{ echo "stand-in: {name} is not set" >&2; exit 97; }}'
+                       for name in env)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"""#!/bin/bash
+set -euo pipefail
+[ $# -eq {args} ] || {{ echo "stand-in: $# arguments; the pinned script takes {args}" >&2; exit 96; }}
+{checks}
+{body}
+""")
+    return path
