@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := openmpi-bin libopenmpi-dev shellcheck
 
-.PHONY: install system-deps rehearsal rehearsal-stage test kuberay
+.PHONY: install system-deps swift-envs rehearsal rehearsal-stage test kuberay
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -33,7 +33,13 @@ rehearsal-stage: install
 	$(VENV)/bin/a4ray standins
 	$(VENV)/bin/a4ray stage -f jobs/qwen3_next_local.yaml
 
-test: system-deps install
+# ms-swift at the versions a4ray supports, each in its own venv (.venv-swift/<version>), installed once: the
+# tests parse a4ray's swift commands with ms-swift's own argument classes (tests/test_swift_contract.py).
+SWIFT_VERSIONS := $(patsubst tests/swift_envs/ms-swift-%.txt,%,$(wildcard tests/swift_envs/ms-swift-*.txt))
+swift-envs:
+	@for v in $(SWIFT_VERSIONS); do bash tests/swift_envs/install.sh $$v || exit 1; done
+
+test: system-deps install swift-envs
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest  # the venv's `ray` CLI too, as in an activated venv
 
 # The rendered KubeRay manifests in kuberay/ (see kuberay/manifests.txt); a test keeps them current.
