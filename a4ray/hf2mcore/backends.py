@@ -58,6 +58,12 @@ def pai_model(config: dict, pai: PaiConvertSpec, source: str) -> tuple[str, str]
     return size, pai.script or pai_script(arch, size)
 
 
+def pai_planned_size(script: str) -> str:
+    """MODEL_SIZE for a plan made before config.json is readable: the size, where the script defines only one."""
+    sizes = {size for (arch, *_), size in PAI_SIZES.items() if pai_script(arch, size) == script}
+    return sizes.pop() if len(sizes) == 1 else "<MODEL_SIZE from config.json>"
+
+
 def pai_script(arch: str, size: str) -> str:
     """The converter script (relative to the toolkit) that defines this model: Qwen3-Next has its own
     (`--synchronizer qwen3_next`, Megatron-LM-250908), Qwen3 and Qwen3-MoE share one, A22B needs 16 GPUs."""
