@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from a4ray.hf2mcore.backends import PAI_SIZES, pai_script, swift_check
-from a4ray.parsers import nccl_tests
+from a4ray.parsers import deepep_log, nccl_tests
 from a4ray.spec import load_job
 from a4ray.spec.conversion import SwiftConvertSpec
 from a4ray.spec.job import JOB_KINDS
@@ -20,8 +20,8 @@ from a4ray.spec.nccl import NCCL_TESTS_DIRS
 from a4ray.trainers import trainer_for
 from a4ray.workloads.internode import DeepEPTest
 from tests.conftest import PYTHON, REPO, isolated_env
-from tests.upstream import (DEEPEP_OPTIONS, NCCL_TESTS_OOB_FORMAT, NCCL_TESTS_WRONG_FORMAT, PAI_CONVERTER_ARGS,
-                            PAI_CONVERTERS, PAI_DLC_ENV, PAI_RUN_ARGS, pai_run_name)
+from tests.upstream import (DEEPEP_CASES, DEEPEP_LINES, DEEPEP_OPTIONS, NCCL_TESTS_OOB_FORMAT, NCCL_TESTS_WRONG_FORMAT,
+                            PAI_CONVERTER_ARGS, PAI_CONVERTERS, PAI_DLC_ENV, PAI_RUN_ARGS, pai_run_name)
 
 WS, CKPT = "/mnt", "/mnt/ckpts/mcore/latest"
 
@@ -98,6 +98,26 @@ def test_deepep_test_gets_only_options_test_internode_defines():
     (launch,) = [n.argv for n in DeepEPTest(spec).plan().nodes if spec.deepep.test_script in n.argv]  # mpirun's node
     options = {a.split("=", 1)[0] for a in launch[launch.index(spec.deepep.test_script) + 1:]}
     assert options and options <= DEEPEP_OPTIONS, options - DEEPEP_OPTIONS
+
+
+def test_deepep_output_as_test_internode_prints_it_is_parsed():
+    """DeepEP 8a07e7e `tests/test_internode.py` L32, L96, L115-123, L228, L259-263, L306-310 (tests/upstream.py)."""
+    f = DEEPEP_LINES
+    out = [f["config"].format(tokens=4096, hidden=7168, groups=2, topk=8), f["layout"].format(ms=0.0394)]
+    for previous in (False, True):
+        for async_ in (False, True):
+            for dtype in ("BF16", "BF16", "FP8", "FP8"):  # x_pure_rand, x, and their e4m3 casts
+                for topk in ("without", "with"):
+                    out.append(f["case"].format(dtype=dtype, topk=topk, async_=async_, previous=previous) + f["passed"])
+    out += [f["dispatch"].format(dtype=d, sms=24, nvl=6, rdma=16, notify=31, t=512, rdma_gbps=g, nvl_gbps=2 * g)
+            for d, g in (("FP8", 45.1), ("BF16", 48.7))]
+    out.append(f["combine"].format(sms=24, nvl=6, rdma=16, notify=30.5, t=700.25, rdma_gbps=44.0, nvl_gbps=88.0))
+    (node,) = deepep_log.parse((0, line) for line in out)
+    assert node.cases == node.passed == DEEPEP_CASES and node.all_passed and node.layout_ms == 0.039
+    assert {k: (b.rdma_gbps, b.nvl_gbps) for k, b in node.best.items()} == {
+        "dispatch FP8": (45.1, 90.2), "dispatch BF16": (48.7, 97.4), "combine": (44.0, 88.0)}
+    failed = out[:2] + [line.removesuffix(f["passed"]) if i == 5 else line for i, line in enumerate(out[2:34])]
+    assert not deepep_log.parse((0, line) for line in failed)[0].all_passed  # an assert in one case: no " passed"
 
 
 # --------------------------------------------------------------------------------------- nccl-tests

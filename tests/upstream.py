@@ -66,6 +66,22 @@ PAI_CONVERTERS = {
 DEEPEP_OPTIONS = {"--num-processes", "--num-tokens", "--hidden", "--num-topk-groups", "--num-topk",
                   "--pressure-test-mode", "--num-experts", "--test-ll-compatibility"}
 
+# DeepEP 8a07e7e tests/test_internode.py, what local rank 0 of each node prints: L32 config, L96 layout, L121-123
+# each case (end='') then L228 ' passed' on the same line (2 previous x 2 async x 4 inputs x 2 top-k = 32 cases,
+# L115-118), L259-263 the best dispatch per input type, L306-310 the best combine (note `, ` before its times
+# where dispatch has `: `, and %.2f times where dispatch has %.0f).
+DEEPEP_LINES = {
+    "config": "[config] num_tokens={tokens}, hidden={hidden}, num_topk_groups={groups}, num_topk={topk}",
+    "layout": "[layout] Kernel performance: {ms:.3f} ms",
+    "case": "[testing] Running with {dtype}, {topk} top-k (async={async_}, previous={previous}) ...",
+    "passed": " passed",
+    "dispatch": ("[tuning] Best dispatch ({dtype}): SMs {sms}, NVL chunk {nvl}, RDMA chunk {rdma}: {notify:.0f} + "
+                 "{t:.0f} us, {rdma_gbps:.2f} GB/s (RDMA), {nvl_gbps:.2f} GB/s (NVL)"),
+    "combine": ("[tuning] Best combine: SMs {sms}, NVL chunk {nvl}, RDMA chunk {rdma}, {notify:.2f} + {t:.2f} us, "
+                "{rdma_gbps:.2f} GB/s (RDMA), {nvl_gbps:.2f} GB/s (NVL)"),
+}
+DEEPEP_CASES = 32
+
 # nccl-tests v2.17.6 src/util.cu L480: a row's #wrong is printed with %6g; L643: `# Out of bounds values : %d %s`
 # (errors[0]: the sizes whose check failed, `FAILED` if any).
 NCCL_TESTS_WRONG_FORMAT = "%6g"
