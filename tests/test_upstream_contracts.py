@@ -20,7 +20,8 @@ from a4ray.spec.nccl import NCCL_TESTS_DIRS
 from a4ray.trainers import trainer_for
 from a4ray.workloads.internode import DeepEPTest
 from tests.conftest import PYTHON, REPO, isolated_env
-from tests.upstream import (DEEPEP_CASES, DEEPEP_LINES, DEEPEP_OPTIONS, NCCL_TESTS_OOB_FORMAT, NCCL_TESTS_WRONG_FORMAT,
+from tests.upstream import (DEEPEP_CASES, DEEPEP_LINES, DEEPEP_OPTIONS, NCCL_TESTS_AVG_FORMAT, NCCL_TESTS_COLUMNS,
+                            NCCL_TESTS_CONCLUDED_FORMAT, NCCL_TESTS_OOB_FORMAT, NCCL_TESTS_WRONG_FORMAT,
                             PAI_CONVERTER_ARGS, PAI_CONVERTERS, PAI_DLC_ENV, PAI_RUN_ARGS, pai_run_name)
 
 WS, CKPT = "/mnt", "/mnt/ckpts/mcore/latest"
@@ -139,6 +140,21 @@ def test_nccl_tests_wrong_counts_in_g_notation_and_out_of_bounds_are_the_verdict
     assert run.check_problem() == "2469140 wrong elements in 1 size(s)"
     (clean,) = nccl_tests.parse([lines[0], _row(0), NCCL_TESTS_OOB_FORMAT % (0, "OK")], binary="all_reduce_perf")
     assert clean.check_problem() is None
+
+
+def test_nccl_tests_columns_and_summary_lines_are_read_as_printed():
+    """nccl-tests v2.17.6 `src/util.cu` L623-624 (the 13 columns), L644 (`# Avg bus bandwidth`, %g, OK/FAILED only
+    with NCCL_TESTS_MIN_BW) and L646 (`# Collective test concluded`)."""
+    header = "#  " + "  ".join(NCCL_TESTS_COLUMNS)
+    assert len(_row(3).split()) == len(NCCL_TESTS_COLUMNS)  # one value per column
+    lines = ["# Collective test starting: alltoall_perf", header, _row(3), NCCL_TESTS_OOB_FORMAT % (1, "FAILED"),
+             NCCL_TESTS_AVG_FORMAT % (1.5e-05, ""), NCCL_TESTS_CONCLUDED_FORMAT % "alltoall_perf"]
+    (run,) = nccl_tests.parse(lines)
+    (row,) = run.rows
+    assert (row.size, row.count, row.dtype, row.redop, row.root) == (8589934592, 2147483648, "float", "sum", -1)
+    assert (row.out_of_place.time_us, row.out_of_place.algbw, row.out_of_place.busbw) == (41000, 209.5, 392.8)
+    assert (row.in_place.busbw, row.wrong) == (393.7, 6)
+    assert run.avg_busbw == 1.5e-05 and run.concluded and run.collective == "alltoall"
 
 
 # ---------------------------------------------------------------------------------- a4ray's images

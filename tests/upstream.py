@@ -86,6 +86,12 @@ DEEPEP_CASES = 32
 # (errors[0]: the sizes whose check failed, `FAILED` if any).
 NCCL_TESTS_WRONG_FORMAT = "%6g"
 NCCL_TESTS_OOB_FORMAT = "# Out of bounds values : %d %s"
+# src/util.cu L623-624: the columns of a row (no -C cputime, no -S timestamps), L644: the average's line (%g, then
+# OK/FAILED only with NCCL_TESTS_MIN_BW), L646: `# Collective test concluded: <program>`.
+NCCL_TESTS_COLUMNS = ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+                      "time", "algbw", "busbw", "#wrong")
+NCCL_TESTS_AVG_FORMAT = "# Avg bus bandwidth    : %g %s"
+NCCL_TESTS_CONCLUDED_FORMAT = "# Collective test concluded: %s"
 
 
 def pai_standin(path: Path, *, args: int, env: tuple[str, ...], body: str) -> Path:
