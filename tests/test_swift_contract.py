@@ -22,6 +22,7 @@ import pytest
 from a4ray.hf2mcore.cache import OutputDir
 from a4ray.hf2mcore.tiny import write_tiny
 from tests.conftest import PYTHON, REPO, free_port, isolated_env
+from tests.upstream import SWIFT_4_5_2_MEGATRON_RLHF_FIELDS
 
 ENVS = REPO / "tests" / "swift_envs"
 VERSIONS = ["3.8.0", "4.5.2"]
@@ -108,3 +109,15 @@ def test_convert_with_the_swift_backend_parses_with_ms_swifts_own_arguments(vers
     (single,) = commands(dry_run(workspace, "a4ray.convert", *sets), workspace)
     assert single[:2] == ["swift", "export"]
     parse(version, single, workspace)
+
+
+def test_swift_dpo_4x_passes_only_fields_ms_swift_4_5_2_defines(workspace):
+    """ms-swift v4.5.2's MegatronRLHFArguments and its bases (files and lines in tests/upstream.py): read, not parsed,
+    because importing them needs Transformer Engine. Every flag of a4ray's 4.5.2 `megatron rlhf` is one of its fields
+    (3.x's --load, --save, --max_epochs, --num_workers, --save_interval are not)."""
+    plan = dry_run(workspace, "a4ray.swift_dpo", "train.version=4.5.2", f"train.model={MODEL}", "cluster.nodes=1",
+                   "train.rpo_alpha=0.1")
+    (argv,) = {tuple(a) for a in commands(plan, workspace)}
+    flags = {a.removeprefix("--") for a in argv if a.startswith("--")}
+    assert argv[:2] == ("megatron", "rlhf") and not flags - set(SWIFT_4_5_2_MEGATRON_RLHF_FIELDS), \
+        f"ms-swift 4.5.2 `megatron rlhf` has no {sorted(flags - set(SWIFT_4_5_2_MEGATRON_RLHF_FIELDS))}"

@@ -108,3 +108,52 @@ set -euo pipefail
 {body}
 """)
     return path
+
+# ms-swift v4.5.2's Megatron RLHF arguments: MegatronRLHFArguments (swift/megatron/arguments/rlhf_args.py L9) <
+# MegatronSftArguments (sft_args.py L13) < MegatronBaseArguments (megatron_base_args.py L13) < MegatronArguments
+# (megatron_args.py L480, with RLHFMegatronArgumentsMixin L25) and BaseArguments (swift/arguments/base_args/base_args.py
+# L47). Read, not parsed, for 4.x: importing them imports mcore-bridge, whose patcher imports Transformer Engine (CUDA
+# only). The fields a4ray may pass, each where the tag defines it (tests/test_swift_contract.py parses 3.x for real).
+SWIFT_4_5_2_MEGATRON_RLHF_FIELDS = {
+    "rlhf_type": "megatron/arguments/megatron_args.py:26",
+    "model": "arguments/base_args/model_args.py:68",
+    "save_safetensors": "megatron/arguments/megatron_args.py:679",
+    "dataset": "arguments/base_args/data_args.py:75",
+    "load_from_cache_file": "arguments/base_args/data_args.py:83",
+    "split_dataset_ratio": "arguments/base_args/data_args.py:79",
+    "packing": "arguments/base_args/base_args.py:105",
+    "tensor_model_parallel_size": "megatron/arguments/megatron_args.py:592",
+    "expert_tensor_parallel_size": "megatron/arguments/megatron_args.py:619",
+    "expert_model_parallel_size": "megatron/arguments/megatron_args.py:618",
+    "moe_permute_fusion": "megatron/arguments/megatron_args.py:660",
+    "moe_grouped_gemm": "megatron/arguments/megatron_args.py:659",
+    "moe_shared_expert_overlap": "megatron/arguments/megatron_args.py:663",
+    "moe_aux_loss_coeff": "megatron/arguments/megatron_args.py:661",
+    "micro_batch_size": "megatron/arguments/megatron_args.py:482",
+    "global_batch_size": "megatron/arguments/megatron_args.py:483",
+    "recompute_granularity": "megatron/arguments/megatron_args.py:484",
+    "recompute_method": "megatron/arguments/megatron_args.py:485",
+    "recompute_num_layers": "megatron/arguments/megatron_args.py:486",
+    "num_train_epochs": "megatron/arguments/megatron_args.py:489",
+    "finetune": "megatron/arguments/megatron_args.py:570",
+    "cross_entropy_loss_fusion": "megatron/arguments/megatron_args.py:496",
+    "lr": "megatron/arguments/megatron_args.py:529",
+    "lr_warmup_fraction": "megatron/arguments/megatron_args.py:534",
+    "min_lr": "megatron/arguments/megatron_args.py:535",
+    "output_dir": "megatron/arguments/megatron_args.py:562",
+    "eval_steps": "megatron/arguments/megatron_args.py:633",
+    "save_steps": "megatron/arguments/megatron_args.py:563",
+    "max_length": "arguments/base_args/template_args.py:130",
+    "dataloader_num_workers": "megatron/arguments/megatron_args.py:516",
+    "dataset_num_proc": "arguments/base_args/data_args.py:82",
+    "no_save_optim": "megatron/arguments/megatron_args.py:564",
+    "no_save_rng": "megatron/arguments/megatron_args.py:565",
+    "sequence_parallel": "megatron/arguments/megatron_args.py:602",
+    "attention_backend": "megatron/arguments/megatron_args.py:499",
+    "optimizer_cpu_offload": "megatron/arguments/megatron_args.py:501",
+    "use_precision_aware_optimizer": "megatron/arguments/megatron_args.py:504",
+    "optimizer_offload_fraction": "megatron/arguments/megatron_args.py:502",
+    "beta": "megatron/arguments/megatron_args.py:31",
+    "loss_type": "megatron/arguments/megatron_args.py:27",
+    "rpo_alpha": "megatron/arguments/megatron_args.py:32",
+}
