@@ -34,6 +34,7 @@ from a4ray.hf2mcore.native import check_disk, check_memory
 from a4ray.hf2mcore.tiny import QWEN3_NEXT_TINY, write_tiny, write_tiny_next
 from a4ray.mcore.architecture import Architecture
 from tests.conftest import PYTHON, REPO, isolated_env, job
+from tests.upstream import PAI_CONVERTER_ARGS, PAI_DLC_ENV, pai_standin
 
 
 @pytest.fixture(scope="module")
@@ -173,13 +174,11 @@ def test_pai_backend_runs_the_toolkit_script_on_every_node(local_cluster, models
     made = convert(_spec(models["moe"], tmp_path / "native"))
     repo = tmp_path / "Pai-Megatron-Patch"
     script = repo / "toolkits/distributed_checkpoints_convertor/scripts/qwen3/run_8xH20.sh"
-    script.parent.mkdir(parents=True)
     seen = tmp_path / "seen"
     seen.mkdir()
-    script.write_text(f"""#!/bin/bash
-set -euo pipefail
+    pai_standin(script, args=len(PAI_CONVERTER_ARGS), env=PAI_DLC_ENV, body=f"""\
 [ "$(basename "$PWD")" = distributed_checkpoints_convertor ]
-[ $# -eq 6 ] && [ "$1" = A3B ] && [ "$4" = false ] && [ "$5" = true ] && [ "$6" = fp32 ]
+[ "$1" = A3B ] && [ "$4" = false ] && [ "$5" = true ] && [ "$6" = fp32 ]
 echo "$WORLD_SIZE $RANK $KUBERNETES_CONTAINER_RESOURCE_GPU $MASTER_ADDR $MASTER_PORT $2" > {seen}/node-$RANK
 if [ "$RANK" = 0 ]; then
   mkdir -p "$3" && cp -r {made.checkpoint}/release "$3/" && echo release > "$3/latest_checkpointed_iteration.txt"
@@ -237,10 +236,14 @@ def test_pai_and_swift_dry_runs_print_each_nodes_documented_command(tmp_path):
     (node,) = swift["nodes"]
     assert node["argv"][:6] == ["swift", "export", "--model", str(model), "--to_mcore", "true"]
     assert node["argv"][6:8] == ["--torch_dtype", "bfloat16"] and node["argv"][8] == "--output_dir"
+    # The output is the temporary a4ray made already; ms-swift refuses an existing one unless exist_ok
+    # (v3.8.0 swift/llm/argument/export_args.py L67, L95-96). tests/test_swift_contract.py parses it for real.
+    assert node["argv"][10:12] == ["--exist_ok", "true"]
 
     multi = dry(2)
     (node,) = multi["nodes"]
     assert node["argv"][:2] == ["megatron", "export"] and "--save" in node["argv"]
+    assert node["argv"][node["argv"].index("--exist_ok") + 1] == "true"
     assert node["argv"][node["argv"].index("--expert_model_parallel_size") + 1] == "8"
     assert node["env"]["NPROC_PER_NODE"] == "8"
 

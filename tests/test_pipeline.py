@@ -26,6 +26,7 @@ import pytest
 from a4ray.driver.main import main as pipeline_main
 from a4ray.pipeline.runner import PipelineResult
 from conftest import PYTHON, REPO, isolated_env
+from upstream import PAI_DLC_ENV, PAI_RUN_ARGS, pai_standin
 
 pytestmark = pytest.mark.slow
 PROFILE = str(REPO / "jobs" / "qwen3_next_local.yaml")
@@ -193,10 +194,9 @@ def test_skipping_stage_in_an_empty_workspace_names_every_missing_artifact(tmp_p
     assert Path(result["run_dir"], "result.json").is_file()
 
 
-PAI_STUB = """#!/bin/bash
-# Stands in for Pai's run_mcore_qwen3.sh: reports what it was given, as the real one would read it.
-set -e
-echo "A4RAY_RESULT {\\"argc\\": $#, \\"env\\": \\"$1\\", \\"load\\": \\"${24}\\", \\"out\\": \\"${27}\\", \\
+# Stands in for Pai's run_mcore_qwen3.sh (made by tests/upstream.py's pai_standin, which refuses another
+# argument count than the pinned script's 27 or an unset dlc variable): reports what it was given.
+PAI_STUB = """echo "A4RAY_RESULT {\\"argc\\": $#, \\"env\\": \\"$1\\", \\"load\\": \\"${24}\\", \\"out\\": \\"${27}\\", \\
 \\"world\\": \\"$WORLD_SIZE\\", \\"rank\\": \\"$RANK\\", \\"gpus\\": \\"$KUBERNETES_CONTAINER_RESOURCE_GPU\\", \\
 \\"master\\": \\"$MASTER_ADDR:$MASTER_PORT\\", \\"cwd\\": \\"$(pwd)\\", \\"type\\": \\"$MP_DATASET_TYPE\\"}"
 echo " [2026-11-21 12:00:00] iteration        2/       2 | consumed samples: 4 | lm loss: 4.500000E+00 |"
@@ -210,7 +210,7 @@ def test_pai_launch_on_the_nodes_gets_its_arguments_and_the_dlc_contract(tmp_pat
     ws, ckpt = tmp_path / "ws", tmp_path / "ws" / "mcore" / "latest"
     script = ws / "Pai-Megatron-Patch" / "examples" / "qwen3_next" / "run_mcore_qwen3.sh"
     script.parent.mkdir(parents=True)
-    script.write_text(PAI_STUB)
+    pai_standin(script, args=len(PAI_RUN_ARGS), env=PAI_DLC_ENV, body=PAI_STUB)
     ckpt.mkdir(parents=True)
     for name in ("latest_checkpointed_iteration.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json",
                  "merges.txt"):

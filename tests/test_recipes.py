@@ -184,6 +184,7 @@ def test_swift_3_12_and_4x_train_from_hf_weights():
     assert flags["--output_dir"] == f"{WS}/megatron_output/Qwen3-30B-A3B-Instruct-2507"
     assert (flags["--num_train_epochs"], flags["--dataloader_num_workers"]) == ("1", "8")
     assert (flags["--save_steps"], flags["--eval_steps"], flags["--rpo_alpha"]) == ("200", "200", "0.1")
+    assert flags["--load_from_cache_file"] == "true"  # ms-swift's default is false from 3.10; a4ray passes true
     assert not {"--save", "--max_epochs", "--num_workers", "--save_interval"} & set(flags)
 
 

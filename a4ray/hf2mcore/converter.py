@@ -180,8 +180,9 @@ class ConvertWorkload(Workload[ConvertJob]):
         c = self.spec.convert
         dtype = self.dtype_name or str(self.config.get("dtype") or self.config.get("torch_dtype") or "bfloat16")
         if c.backend == "pai":
+            script = c.pai.script or "scripts/qwen3/run_8xH20.sh"
             model = backends.pai_model(self.config, c.pai, f"input {self.paths.input}") if self.config else \
-                (c.pai.model_size or "<MODEL_SIZE from config.json>", c.pai.script or "scripts/qwen3/run_8xH20.sh")
+                (c.pai.model_size or backends.pai_planned_size(script), script)
             return backends.pai_launch(node, c, self.paths.repo, model, self.paths.input, self.paths.save, dtype)
         if c.backend == "swift":
             return backends.swift_launch(node, c, self.paths.input, self.paths.save, dtype)
