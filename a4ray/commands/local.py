@@ -1,55 +1,145 @@
-"""`a4ray local up`: a local Ray cluster of simulated A4 nodes that stays up until Ctrl-C.
+"""`a4ray local up | down | status`: a local Ray cluster of simulated A4 nodes, in the foreground until Ctrl-C
+or `a4ray local down`.
 
 It runs with Ray token authentication, bound to 127.0.0.1 (--host to open it to other machines). Jobs can
 then be submitted to it like to a real cluster, by the same user (the token is in ~/.ray/auth_token):
-    a4ray local up --nodes 2 --gpus-per-node 2
-    RAY_AUTH_MODE=token RAY_ADDRESS=http://127.0.0.1:8265 ray job submit --working-dir . -- python -m a4ray.ddp_test
+    a4ray local up --nodes 2 --gpus-per-node 1
+    RAY_AUTH_MODE=token RAY_ADDRESS=http://127.0.0.1:8265 ray job submit --working-dir . -- python -m a4ray.qwen3_next
     python -c "import a4ray; a4ray.connect('ray://127.0.0.1:10001')"   # or a notebook, through Ray Client
+    a4ray local status; a4ray local down
+
+A running `local up` records itself (pid, addresses, shape) next to the address file Ray keeps for the
+cluster running on this machine, in Ray's temp directory (RAY_TMPDIR): `status` and `down` read it there.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
 import threading
+import time
+from pathlib import Path
+
+import psutil
+from ray._common.utils import get_ray_address_file  # Ray's own rule for where its temp directory is
 
 from a4ray.core.console import say
 from a4ray.runtime import auth
 from a4ray.runtime.simulated import SimulatedCluster
 
+NAME = "local Ray cluster (a4ray local up)"
+HEADLINE = "python -m a4ray.qwen3_next"  # the README's main job: on simulated nodes it rehearses
+_STOP_WAIT_S = 120  # `down`: how long the cluster has to shut down (its nodes' raylets, the head)
+
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("local", help="a local Ray cluster of simulated A4 nodes")
-    local = p.add_subparsers(dest="local_command", required=True)
-    up = local.add_parser("up", help="start it in the foreground; Ctrl-C stops it")
-    up.add_argument("--nodes", type=int, default=2)
-    up.add_argument("--gpus-per-node", type=int, default=8)
-    up.add_argument("--machine-type", default="a4-highgpu-8g")
-    up.add_argument("--dashboard-port", type=int, default=8265)
-    up.add_argument("--client-port", type=int, default=10001, help="Ray Client port (ray://127.0.0.1:PORT); 0: none")
+    p = sub.add_parser("local", help="a local Ray cluster of simulated A4 nodes to submit jobs to",
+                       description=__doc__.split("\n\n")[0])
+    local = p.add_subparsers(dest="local_command", required=True, metavar="{up,down,status}")
+    up = local.add_parser("up", help="start it in the foreground; Ctrl-C or `a4ray local down` stops it",
+                          description="Start a local Ray cluster of simulated A4 nodes (each a real Ray node with "
+                          "logical GPUs and A4's topology labels) and keep it up until Ctrl-C or `a4ray local down`.")
+    up.add_argument("--nodes", type=int, default=2, metavar="N", help="simulated A4 nodes (default: %(default)s)")
+    up.add_argument("--gpus-per-node", type=int, default=8, metavar="G",
+                    help="GPUs each node advertises (default: %(default)s, as a4-highgpu-8g; logical where this "
+                    "machine has fewer, real slices where it has nodes x G)")
+    up.add_argument("--machine-type", default="a4-highgpu-8g", metavar="TYPE",
+                    help="the machine-type resource each node advertises, which job specs ask for "
+                    "(cluster.machine_type; default: %(default)s)")
+    up.add_argument("--dashboard-port", type=int, default=8265, metavar="PORT",
+                    help="the Ray dashboard and its job API, where `ray job submit` goes (default: %(default)s)")
+    up.add_argument("--client-port", type=int, default=10001, metavar="PORT",
+                    help="Ray Client port (ray://127.0.0.1:PORT, for a4ray.connect and notebooks; default: "
+                    "%(default)s); 0: none")
     up.add_argument("--host", default=auth.LOOPBACK, help="address the head binds and advertises (default: "
                     "%(default)s, this machine only; this machine's IP opens it to others, token-authenticated)")
     up.set_defaults(func=_up)
+    down = local.add_parser("down", help="stop the cluster `a4ray local up` runs (as Ctrl-C in its terminal does)")
+    down.set_defaults(func=_down)
+    status = local.add_parser("status", help="whether `a4ray local up` runs here: its nodes, addresses and pid; "
+                              "exit code 1 if none")
+    status.set_defaults(func=_status)
+
+
+def state_file() -> Path:
+    """Where a running `local up` records itself: beside the address file of Ray's temp directory (RAY_TMPDIR)."""
+    return Path(get_ray_address_file(None)).with_name("a4ray_local_up.json")
+
+
+def running() -> dict | None:
+    """What the running `local up` recorded, or None when none runs (a record whose process is gone is stale)."""
+    path = state_file()
+    try:
+        state = json.loads(path.read_text())
+        alive = psutil.Process(state["pid"]).create_time() == state["pid_started"]
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        return None
+    return state if alive else None
 
 
 def _up(args: argparse.Namespace) -> int:
+    if (other := running()) is not None:
+        say(f"a4ray local up is already running (pid {other['pid']}, {other['address']}): `a4ray local down` stops it")
+        return 1
     cluster = SimulatedCluster(args.nodes, args.gpus_per_node, machine_type=args.machine_type,
                                dashboard=True, dashboard_port=args.dashboard_port,
-                               client_port=args.client_port or None, host=args.host)
+                               client_port=args.client_port or None, host=args.host, name=NAME)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    record = state_file()
     try:
         cluster.start()
         say(cluster.describe())
         say(f"dashboard: http://{cluster.dashboard_url}" if cluster.dashboard_url else "dashboard: off")
         host = "127.0.0.1" if args.host == "0.0.0.0" else args.host
+        jobs = f"http://{host}:{args.dashboard_port}"
+        client = f"ray://{host}:{args.client_port}" if args.client_port else None
         say(f"Ray token authentication is on; the token is in {auth.token_file()} (this user's; never printed)")
-        say(f"submit jobs with: {auth.submit_hint(f'http://{host}:{args.dashboard_port}')}python -m a4ray.ddp_test")
-        if args.client_port:
-            say(f"or from Python / a notebook: a4ray.connect('ray://{host}:{args.client_port}')")
-        say("a4ray local up: ready (Ctrl-C to stop)")
+        say(f"submit jobs with: {auth.submit_hint(jobs)}{HEADLINE}")
+        if client:
+            say(f"or from Python / a notebook: a4ray.connect('{client}')")
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({
+            "pid": os.getpid(), "pid_started": psutil.Process().create_time(), "address": cluster.address,
+            "dashboard": jobs, "client": client, "nodes": args.nodes, "gpus_per_node": args.gpus_per_node,
+            "machine_type": args.machine_type, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "cwd": os.getcwd()}))
+        say("a4ray local up: ready (Ctrl-C or `a4ray local down` to stop)")
         stop.wait()
     finally:
         cluster.shutdown()
+        if (running() or {}).get("pid") == os.getpid():
+            record.unlink(missing_ok=True)
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    state = running()
+    if state is None:
+        say("no a4ray local up is running here (nothing to stop)")
+        return 0
+    process = psutil.Process(state["pid"])
+    say(f"stopping the {NAME} at {state['address']} (pid {state['pid']})")
+    process.send_signal(signal.SIGTERM)  # as Ctrl-C: it shuts its nodes and head down, then exits
+    try:
+        process.wait(timeout=_STOP_WAIT_S)
+    except psutil.TimeoutExpired:
+        say(f"a4ray: error: pid {state['pid']} did not stop within {_STOP_WAIT_S}s; its terminal may say why")
+        return 1
+    say("stopped")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    state = running()
+    if state is None:
+        say("no a4ray local up is running here (`a4ray local up` starts one)")
+        return 1
+    say(f"{NAME}: running since {state['started']} (pid {state['pid']}, started in {state['cwd']})")
+    say(f"  {state['nodes']} simulated {state['machine_type']} node(s) x {state['gpus_per_node']} GPUs; "
+        f"Ray at {state['address']}")
+    say(f"  dashboard and job API: {state['dashboard']}" + (f"; Ray Client: {state['client']}" if state['client'] else ""))
+    say(f"  submit jobs with: {auth.submit_hint(state['dashboard'])}{HEADLINE}")
     return 0

@@ -18,7 +18,8 @@ def warn(message: str) -> None:
 
 
 def table(title: str, columns: list[str], rows: list[list[object]]) -> str:
-    """A plain-text table (rich, no colour) for job logs and terminals alike."""
+    """A plain-text table (rich, no colour) for job logs and terminals alike, at its natural width: a cell is
+    never cut or folded (a path cut mid-way cannot be copied), however long."""
     import io
 
     from rich.console import Console
@@ -30,5 +31,8 @@ def table(title: str, columns: list[str], rows: list[list[object]]) -> str:
     for row in rows:
         t.add_row(*("" if v is None else str(v) for v in row))
     buffer = io.StringIO()
-    Console(file=buffer, width=160, color_system=None, force_terminal=False).print(t)
-    return redact(buffer.getvalue().rstrip())
+    Console(file=buffer, width=_UNBOUNDED, color_system=None, force_terminal=False).print(t)
+    return redact("\n".join(line.rstrip() for line in buffer.getvalue().rstrip().splitlines()))
+
+
+_UNBOUNDED = 100_000  # columns: rich sizes a table to its content, up to the console's width

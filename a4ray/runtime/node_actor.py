@@ -39,6 +39,7 @@ from a4ray.observe.stacks import StackDump, dump_all
 from a4ray.programs.record import RESULT_MARKER  # workloads report typed results as one JSON line each
 from a4ray.runtime.netenv import EnvLayer, build_env, gib_layer, source_script
 from a4ray.runtime.process import ManagedProcess, launch_processes
+from a4ray.runtime.reaper import flight_recorder_pipes
 from a4ray.runtime.topology import NodeFacts
 from a4ray.spec.cluster import NetworkSpec
 
@@ -378,6 +379,8 @@ class NodeActor:
         if processes:
             with ThreadPoolExecutor(len(processes)) as pool:  # in parallel: one grace period, not N
                 list(pool.map(lambda p: p.terminate(grace_s), processes))
+        if self._standby.is_set() and self._request is not None:  # no command, so no reaper to remove them
+            shutil.rmtree(flight_recorder_pipes(self._request.launch_id), ignore_errors=True)
         self._standby.clear()
         self._output.wake()
         return self._process.returncode if self._process else None
@@ -432,7 +435,7 @@ class NodeActor:
         """py-spy dumps of every rank process of the launch; also triggers the NCCL flight recorder."""
         if self._request is None:
             return []
-        for pipe in Path("/tmp", f"a4ray-fr-{self._request.launch_id}").glob("pipe_*"):
+        for pipe in flight_recorder_pipes(self._request.launch_id).glob("pipe_*"):
             try:  # writing to a rank's debug-info pipe makes it dump its NCCL flight recorder
                 fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
                 os.write(fd, b"1")
@@ -518,7 +521,7 @@ def _with_a4ray_on_path(pythonpath: str | None) -> str:
 
 def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
     """PyTorch's NCCL flight recorder: kept on, dumped on an NCCL timeout or when its pipe is written."""
-    pipes = Path("/tmp") / f"a4ray-fr-{request.launch_id}"  # named pipes need a local filesystem
+    pipes = flight_recorder_pipes(request.launch_id)  # the launch's reaper removes it when the launch ends
     pipes.mkdir(parents=True, exist_ok=True)
     # TORCH_FR_* are PyTorch >= 2.7's names (the TORCH_NCCL_* ones they replace still work there).
     return {

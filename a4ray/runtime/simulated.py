@@ -113,7 +113,9 @@ class SimulatedCluster:
                  topology: TopologySpec | None = None, cpus_per_node: int = 4,
                  dashboard: bool = False, dashboard_port: int | None = None, client_port: int | None = None,
                  object_store_mb: int = 256, persistent: bool = False, loopback_ips: bool = True,
-                 node_env: dict[int, dict[str, str]] | None = None, host: str = auth.LOOPBACK):
+                 node_env: dict[int, dict[str, str]] | None = None, host: str = auth.LOOPBACK,
+                 name: str = "embedded local Ray cluster"):
+        self.name = name  # what it is called where it is printed: embedded in a job, or `a4ray local up`'s
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.machine_type = machine_type
@@ -241,12 +243,12 @@ class SimulatedCluster:
 
     def describe(self) -> str:
         gpus = "real GPU slices" if self._gpu_slices else "logical GPUs"
-        return (f"embedded local Ray cluster at {self.address}: {self.nodes} simulated {self.machine_type} "
+        return (f"{self.name} at {self.address}: {self.nodes} simulated {self.machine_type} "
                 f"node(s) x {self.gpus_per_node} GPUs ({gpus}); Ray token authentication on")
 
     def shutdown(self) -> None:
         if self.cluster is not None:
-            say("shutting down the embedded local cluster")
+            say(f"shutting down the {self.name}")
             self.cluster.shutdown()
             self.cluster = None
             self.workers = {}

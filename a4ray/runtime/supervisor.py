@@ -1,5 +1,7 @@
-"""Supervising one launch of a gang: every node's lines streamed to the driver with its node and rank, and
-the launch ended on the first failure (a non-zero exit, a lost node), a hang, its timeout or a cancel.
+"""Supervising one launch of a gang: every node's lines streamed to the driver with its node and rank (what
+`observe/stream.py` lets through: each library warning once, no raw iteration or result lines; the logs keep
+everything), and the launch ended on the first failure (a non-zero exit, a lost node), a hang, its timeout
+or a cancel. Once it stops the nodes, their last lines go to the logs only.
 
 The gang (`gang.py`) places the nodes and starts their commands; it hands the running launch to a
 `Supervisor`, which watches until every command has ended or one ended it, stops the nodes still running
@@ -21,6 +23,7 @@ import ray
 from a4ray.core.console import say
 from a4ray.observe import hang, metrics
 from a4ray.observe.progress import Progress, progress_summary
+from a4ray.observe.stream import StreamFilter
 from a4ray.runtime.launch import Launch
 from a4ray.runtime.node_actor import Line, Poll
 from a4ray.spec.resilience import ObserveSpec
@@ -55,12 +58,13 @@ class Supervisor:
 
     `actors`: the launch's node actors, in launch-rank order; `members`: their gang ranks; `wheres`: how
     each node is described in messages; `stop(gang_ranks)` stops nodes' process trees (the gang's);
-    `hang_dir`: where a hang report goes; `tags`: the job and run, for metrics.
+    `hang_dir`: where a hang report goes; `log_dir`: where the nodes' logs are; `tags`: the job and run, for
+    metrics.
     """
 
     def __init__(self, actors: list, members: list[int], wheres: list[str], launches: list[Launch],
                  timeout_s: float | None, *, observe: ObserveSpec, observers: list[LineObserver],
-                 stop: Callable[[list[int]], None], hang_dir: Path, tags: tuple[str, str]):
+                 stop: Callable[[list[int]], None], hang_dir: Path, log_dir: str, tags: tuple[str, str]):
         self.actors = actors
         self.members = members
         self.wheres = wheres
@@ -72,27 +76,34 @@ class Supervisor:
         self.observers = observers
         self.stop = stop
         self.hang_dir = hang_dir
+        self.log_dir = log_dir
         self.tags = tags
+        self.stream = StreamFilter()
         self.cursors = {rank: 0 for rank in range(len(members))}
         self.rank_tails: dict[tuple[int, int], list[str]] = {}
         self.outcome = Outcome()
         self.watchdog = hang.Watchdog(observe.watchdog)
         self.last_summary_iteration: int | None = None
+        self.last_progress: Progress | None = None
+        self.stopping = False  # the nodes are being stopped: what they print now goes to their logs only
+        self.stream_closed = False
 
     def _emit(self, rank: int, poll: Poll) -> None:
         node = self.members[rank]
-        if poll.dropped:
+        if poll.dropped and not self.stopping:
             say(f"[n{node}] ... {poll.dropped} lines not streamed (driver fell behind); "
                 f"they are in the node log")
         tail = self.outcome.tails.setdefault(rank, [])
         for line in poll.lines:
             if line.local_rank is not None:
-                print(f"[n{node} r{rank * self.nproc[rank] + line.local_rank}] {line.text}", flush=True)
+                who = f"n{node} r{rank * self.nproc[rank] + line.local_rank}"
                 rank_tail = self.rank_tails.setdefault((rank, line.local_rank), [])
                 rank_tail.append(line.text)
                 del rank_tail[:-LAST_LINES]
             else:
-                print(f"[n{node}] {line.text}", flush=True)
+                who = f"n{node}"
+            if self.stream.show(who, line.text, progress=line.progress is not None) and not self.stopping:
+                print(f"[{who}] {line.text}", flush=True)
             for observer in self.observers:
                 observer(rank, line)
             if line.progress is not None:
@@ -109,11 +120,27 @@ class Supervisor:
         if out.last_iteration is None or progress.iteration > out.last_iteration:
             out.iterations_seen += 1
             out.last_iteration = progress.iteration
+            self.last_progress = progress
             every = self.observe.summary_every
             if (self.last_summary_iteration is None or progress.iteration - self.last_summary_iteration >= every
                     or progress.iteration == progress.train_iters):
-                self.last_summary_iteration = progress.iteration
-                say(f"progress: {progress_summary(progress, self.observe.seq_length)}")
+                self._summarize(progress)
+
+    def _summarize(self, progress: Progress) -> None:
+        self.last_summary_iteration = progress.iteration
+        say(f"progress: {progress_summary(progress, self.observe.seq_length)}")
+
+    def _close_stream(self) -> None:
+        """The launch's last word in the stream: the iteration it reached, if not said yet; the warnings held back."""
+        if self.stream_closed:
+            return
+        self.stream_closed = True
+        last = self.last_progress
+        if last is not None and last.iteration != self.last_summary_iteration:
+            self._summarize(last)
+        held = self.stream.summary(f"{self.log_dir}/rank-*.log")
+        if held:
+            say(held)
 
     def _on_hang(self, why: str) -> None:
         metrics.record_hang(*self.tags)
@@ -124,6 +151,12 @@ class Supervisor:
         out.hint = f"stack dumps of every rank are in {self.hang_dir}"
 
     def watch(self) -> Outcome:
+        try:
+            return self._watch()
+        finally:
+            self._close_stream()
+
+    def _watch(self) -> Outcome:
         out = self.outcome
         pending = {a.poll.remote(0, POLL_WAIT_S): rank for rank, a in enumerate(self.actors)}
         try:
@@ -202,7 +235,9 @@ class Supervisor:
         """Stop every still-running node, then drain the lines they printed while stopping."""
         out = self.outcome
         running = set(pending.values())
+        self._close_stream()
         say(f"stopping {len(running)} node(s): {out.message.splitlines()[0] if out.message else ''}")
+        self.stopping = True
         self.stop([self.members[rank] for rank in sorted(running - out.lost)])
         for rank in sorted(running - out.lost):
             try:
