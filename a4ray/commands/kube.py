@@ -32,7 +32,7 @@ def _spec_options(p: argparse.ArgumentParser) -> None:
 def _kube_options(p: argparse.ArgumentParser, namespace: bool = False) -> None:
     p.add_argument("--context", help="kubeconfig context (default: the current one)")
     if namespace:
-        p.add_argument("-n", "--namespace", default="default")
+        p.add_argument("-n", "--namespace", default="default", help="Kubernetes namespace (default: %(default)s)")
 
 
 def _command(p: argparse.ArgumentParser) -> None:
@@ -62,15 +62,15 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     up.set_defaults(func=_up)
 
     down = sub.add_parser("down", help="delete a RayCluster (or --job RayJob) and its storage objects")
-    down.add_argument("name")
+    down.add_argument("name", help="the RayCluster (or with --job, the RayJob) to delete")
     down.add_argument("--job", action="store_true", help="NAME is a RayJob")
     down.add_argument("--keep-storage", action="store_true", help="keep the PV/PVCs a4ray created")
     _kube_options(down, namespace=True)
-    down.add_argument("--dry-run", action="store_true")
+    down.add_argument("--dry-run", action="store_true", help="print the API calls it would make; delete nothing")
     down.set_defaults(func=_down)
 
     status = sub.add_parser("status", help="a4ray's RayClusters and RayJobs, one line each")
-    status.add_argument("name", nargs="?")
+    status.add_argument("name", nargs="?", help="one RayCluster or RayJob (default: all of a4ray's)")
     _kube_options(status, namespace=True)
     status.add_argument("--dry-run", action="store_true", help="print the API calls it would make")
     status.set_defaults(func=_status)
@@ -81,7 +81,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     submit.add_argument("--cluster", metavar="NAME", help="submit to this RayCluster through Ray's job API")
     submit.add_argument("--no-follow", action="store_true", help="return once submitted")
     submit.add_argument("--timeout", type=float, default=3600, help="seconds to wait for a RayJob's cluster")
-    submit.add_argument("--dry-run", action="store_true")
+    submit.add_argument("--dry-run", action="store_true", help="print the API calls and manifests; submit nothing")
     _command(submit)
     submit.set_defaults(func=_submit)
 

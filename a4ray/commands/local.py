@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -95,7 +96,7 @@ def _up(args: argparse.Namespace) -> int:
         say(cluster.describe())
         say(f"dashboard: http://{cluster.dashboard_url}" if cluster.dashboard_url else "dashboard: off")
         host = "127.0.0.1" if args.host == "0.0.0.0" else args.host
-        jobs = f"http://{host}:{args.dashboard_port}"
+        jobs = f"http://{host}:{cluster.dashboard_url.rpartition(':')[2] if cluster.dashboard_url else args.dashboard_port}"
         client = f"ray://{host}:{args.client_port}" if args.client_port else None
         say(f"Ray token authentication is on; the token is in {auth.token_file()} (this user's; never printed)")
         say(f"submit jobs with: {auth.submit_hint(jobs)}{HEADLINE}")
@@ -122,11 +123,20 @@ def _down(args: argparse.Namespace) -> int:
         return 0
     process = psutil.Process(state["pid"])
     say(f"stopping the {NAME} at {state['address']} (pid {state['pid']})")
-    process.send_signal(signal.SIGTERM)  # as Ctrl-C: it shuts its nodes and head down, then exits
-    try:
-        process.wait(timeout=_STOP_WAIT_S)
-    except psutil.TimeoutExpired:
-        say(f"a4ray: error: pid {state['pid']} did not stop within {_STOP_WAIT_S}s; its terminal may say why")
+    # Ctrl-C's signal: `local up` shuts its nodes and head down, then exits. (Not SIGTERM: Ray's own handler for
+    # it in the head's process drains the node first and can keep the process up well past that.)
+    process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + _STOP_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:  # ended; its parent (a terminal, a test) reaps it
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.2)
+    else:
+        print(f"a4ray: error: pid {state['pid']} did not stop within {_STOP_WAIT_S}s; its terminal may say why",
+              file=sys.stderr, flush=True)
         return 1
     say("stopped")
     return 0
