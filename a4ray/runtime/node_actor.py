@@ -259,11 +259,18 @@ class NodeActor:
         self._node_log.write(f"# argv {self._redactor.text(shlex.join(request.argv))}\n")
         self._process = ManagedProcess(
             request.argv, env=launch_env.env, cwd=request.cwd or None, launch_id=request.launch_id,
-            on_line=self._on_line, grace_s=request.grace_s, on_exit=self._output.wake,
+            on_line=self._on_line, grace_s=request.grace_s, on_exit=self._launch_ended,
         )
         self._process.start()
         report += [f"note: {self._priority}"] if self._priority else []
         return LaunchInfo(env_report=report, log_file=str(node_log), pid=self._process.pid or -1)
+
+    def _launch_ended(self) -> None:
+        """The command has ended and its last line is in: its flight-recorder pipes go (before the supervisor
+        hears of the end, which may end the gang and this actor; the launch's reaper is the backstop)."""
+        if self._request is not None:
+            shutil.rmtree(flight_recorder_pipes(self._request.launch_id), ignore_errors=True)
+        self._output.wake()
 
     def _reset(self, request: LaunchRequest) -> None:
         """Forget the previous launch (its logs stay on disk); an exec'd command still running ends now."""
