@@ -127,8 +127,11 @@ def test_the_stream_shows_each_warning_once_and_every_traceback_whole():
     for rank in ("n0 r0", "n1 r3"):  # every rank's traceback, every line of it, indented lines too
         assert [t for r, t in shown if r == rank][-len(trace):] == trace
     assert stream.summary("/run/logs/train/rank-*.log") == (
-        "library warnings: 2 distinct, each shown once above; 6 more copies from 4 rank(s) are only in the rank "
-        "logs (/run/logs/train/rank-*.log)")
+        "library warnings: 2 shown once above came again from 3 rank(s); every copy is in the rank logs "
+        "(/run/logs/train/rank-*.log)")
+    assert stream.summary("/run/logs/train/rank-*.log") is None  # said once
+    assert not stream.show("n0 r0", warning[0])  # a later launch of the run (a restart): not again
+    assert "1 shown once above came again from 1 rank(s)" in stream.summary("/run/logs/train/rank-*.log")
 
 
 def test_a_table_wraps_cells_at_spaces_never_inside_a_path():

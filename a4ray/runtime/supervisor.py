@@ -23,7 +23,7 @@ import ray
 from a4ray.core.console import say
 from a4ray.observe import hang, metrics
 from a4ray.observe.progress import Progress, progress_summary
-from a4ray.observe.stream import StreamFilter
+from a4ray.observe import stream
 from a4ray.runtime.launch import Launch
 from a4ray.runtime.node_actor import Line, Poll
 from a4ray.spec.resilience import ObserveSpec
@@ -78,7 +78,7 @@ class Supervisor:
         self.hang_dir = hang_dir
         self.log_dir = log_dir
         self.tags = tags
-        self.stream = StreamFilter()
+        self.stream = stream.for_run(tags[1])  # warnings shown in earlier launches of the run stay shown
         self.cursors = {rank: 0 for rank in range(len(members))}
         self.rank_tails: dict[tuple[int, int], list[str]] = {}
         self.outcome = Outcome()
