@@ -8,6 +8,8 @@ import argparse
 import importlib
 import sys
 
+from a4ray.commands import COMMANDS
+
 DESCRIPTION = """\
 Run and test LLM training on multi-node GKE A4 clusters through Ray, or rehearse it on a local cluster of
 simulated A4 nodes. The main job is `python -m a4ray.qwen3_next` (stage -> convert -> preflight -> train);
@@ -22,25 +24,6 @@ examples:
   a4ray up -f jobs/cluster-a4.yaml; a4ray submit -f jobs/ddp_test.yaml --cluster a4
 
 `a4ray COMMAND --help` for a command's options. The README has the rest."""
-
-# command -> (the module under a4ray/commands that defines it, what it does in one line)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("jobs", "run a job spec on the cluster (or an embedded one); its `kind:` picks the job"),
-    "convert": ("jobs", "convert a Hugging Face checkpoint to Megatron-core (cached; verified by default)"),
-    "doctor": ("jobs", "check every node of a job's gang before training"),
-    "stage": ("jobs", "stage a job's artifacts onto the workspace, exactly once"),
-    "nccl-test": ("jobs", "is the network right? nccl-tests (or a torch benchmark) across the gang, with a verdict"),
-    "deepep-test": ("jobs", "DeepEP's internode test across the gang"),
-    "standins": ("jobs", "make the tiny local stand-ins of the Qwen3 checkpoints and datasets"),
-    "local": ("local", "a local Ray cluster of simulated A4 nodes to submit jobs to: up, down, status"),
-    "render": ("kube", "print the KubeRay manifest (RayCluster, RayJob) of a spec"),
-    "up": ("kube", "create the RayCluster of a spec on GKE and wait for its head"),
-    "down": ("kube", "delete a RayCluster (or RayJob) and its storage objects"),
-    "status": ("kube", "a4ray's RayClusters and RayJobs, one line each"),
-    "submit": ("kube", "run a job: on a RayCluster (--cluster) or as a RayJob"),
-    "logs": ("kube", "logs of a RayJob, or of a job on a RayCluster"),
-}
-
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser of `a4ray`, with the options of the command `argv` names (the others are listed only)."""

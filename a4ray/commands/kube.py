@@ -16,6 +16,7 @@ import argparse
 import shlex
 import time
 
+from a4ray.commands import summary
 from a4ray.core.console import say, table, warn
 from a4ray.core.errors import A4RayError, KubeError
 from a4ray.driver.main import error_exit
@@ -41,7 +42,7 @@ def _command(p: argparse.ArgumentParser) -> None:
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
-    render = sub.add_parser("render", help="print the KubeRay manifest of a spec").add_subparsers(
+    render = sub.add_parser("render", help=summary("render")).add_subparsers(
         dest="what", required=True)
     cluster = render.add_parser("cluster", help="a RayCluster")
     job = render.add_parser("job", help="a RayJob (its own cluster, or --cluster NAME)")
@@ -53,7 +54,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     cluster.set_defaults(func=_render)
     job.set_defaults(func=_render)
 
-    up = sub.add_parser("up", help="create the RayCluster of a spec and wait for its head")
+    up = sub.add_parser("up", help=summary("up"))
     _spec_options(up)
     _kube_options(up)
     up.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the cluster (default 1800)")
@@ -61,7 +62,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--dry-run", action="store_true", help="print the API calls and manifests; change nothing")
     up.set_defaults(func=_up)
 
-    down = sub.add_parser("down", help="delete a RayCluster (or --job RayJob) and its storage objects")
+    down = sub.add_parser("down", help=summary("down"))
     down.add_argument("name", help="the RayCluster (or with --job, the RayJob) to delete")
     down.add_argument("--job", action="store_true", help="NAME is a RayJob")
     down.add_argument("--keep-storage", action="store_true", help="keep the PV/PVCs a4ray created")
@@ -69,13 +70,13 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     down.add_argument("--dry-run", action="store_true", help="print the API calls it would make; delete nothing")
     down.set_defaults(func=_down)
 
-    status = sub.add_parser("status", help="a4ray's RayClusters and RayJobs, one line each")
+    status = sub.add_parser("status", help=summary("status"))
     status.add_argument("name", nargs="?", help="one RayCluster or RayJob (default: all of a4ray's)")
     _kube_options(status, namespace=True)
     status.add_argument("--dry-run", action="store_true", help="print the API calls it would make")
     status.set_defaults(func=_status)
 
-    submit = sub.add_parser("submit", help="run a job: on a RayCluster (--cluster) or as a RayJob")
+    submit = sub.add_parser("submit", help=summary("submit"))
     _spec_options(submit)
     _kube_options(submit)
     submit.add_argument("--cluster", metavar="NAME", help="submit to this RayCluster through Ray's job API")
@@ -85,7 +86,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     _command(submit)
     submit.set_defaults(func=_submit)
 
-    logs = sub.add_parser("logs", help="logs of a RayJob, or of a job on a RayCluster")
+    logs = sub.add_parser("logs", help=summary("logs"))
     logs.add_argument("name", help="a RayJob, or a RayCluster (then --job-id, default: its latest job)")
     logs.add_argument("--job-id", help="Ray job submission id")
     logs.add_argument("--follow", action="store_true", help="keep printing until the job ends")

@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 from ray._common.utils import get_ray_address_file  # Ray's own rule for where its temp directory is
 
+from a4ray.commands import summary
 from a4ray.core.console import say
 from a4ray.runtime import auth
 from a4ray.runtime.simulated import SimulatedCluster
@@ -36,8 +37,7 @@ _STOP_WAIT_S = 120  # `down`: how long the cluster has to shut down (its nodes' 
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("local", help="a local Ray cluster of simulated A4 nodes to submit jobs to",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser("local", help=summary("local"), description=summary("local"))
     local = p.add_subparsers(dest="local_command", required=True, metavar="{up,down,status}")
     up = local.add_parser("up", help="start it in the foreground; Ctrl-C or `a4ray local down` stops it",
                           description="Start a local Ray cluster of simulated A4 nodes (each a real Ray node with "
