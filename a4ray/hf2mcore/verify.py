@@ -184,10 +184,11 @@ def _naming(arch: Architecture) -> Naming:
 
 
 def _why_not(arch: Architecture, error: BaseException) -> str:
-    """One line: why megatron-core's model of `arch` could not be built or run here."""
-    cause = _last_line(error, limit=200)
+    """One line: why megatron-core's model of `arch` could not be built or run here. Where a package it needs
+    is missing, that is the reason, alone: megatron-core then fails on a name that package would have defined
+    (`NameError: name 'TESpecProvider' is not defined`), which read as the reason looks like a crash."""
     missing = mcore_model.unbuildable(arch)
-    return f"{missing} ({cause})" if missing else f"megatron-core cannot run {arch.family} here: {cause}"
+    return missing or f"megatron-core cannot run {arch.family} here: {_last_line(error, limit=200)}"
 
 
 def _load_into(model, ckpt: Path, arch: Architecture, naming: Naming, fmt: str, report: VerifyReport) -> None:

@@ -32,7 +32,7 @@ from a4ray.staging.stager import plan as staging_plan
 from a4ray.trainers import Trainer, trainer_for
 from a4ray.workloads.doctor import Doctor, report
 
-Status = Literal["ran", "cached", "skipped", "failed", "not-run"]
+Status = Literal["ran", "cached", "skipped", "failed", "cancelled", "not-run"]
 TRAIN_MARKER = "a4ray-train.json"
 
 

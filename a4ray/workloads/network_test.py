@@ -154,10 +154,12 @@ class _Lines:
 class NcclTest(Workload[NcclTestJob]):
     kind = "nccl_test"
 
-    def __init__(self, spec: NcclTestJob):
+    def __init__(self, spec: NcclTestJob, *, env_label: str | None = None):
         super().__init__(spec)
         self.implementation = "torch" if spec.nccl.implementation == "torch" else "nccl-tests"
         self.binaries_dir = self.binaries_dirs()[0]  # until the nodes are asked (choose_implementation)
+        # Whose the variables it sets are, in env reports: the test's own, or the job it probes for (preflight).
+        self.env_label = env_label or self.kind
 
     # ----------------------------------------------------------------------- commands
     def env(self) -> dict[str, str]:
@@ -245,7 +247,7 @@ class NcclTest(Workload[NcclTestJob]):
         for i, batch in enumerate(batches):
             with gang.observing(_Lines()) as lines:
                 gang_result = run_launch(gang, self._builder(batch), timeout_s=self.spec.timeout_s,
-                                         env_name=self.kind)
+                                         env_name=self.env_label)
             info += lines.info
             for run in nccl_tests.parse(lines.table, binary=f"{batch[0]}_perf"):
                 runs[run.collective] = run
@@ -344,7 +346,7 @@ class NcclTest(Workload[NcclTestJob]):
             label = "-".join(f"n{m}" for m in members)
             with gang.observing(_Lines()) as lines:
                 gr = run_launch(gang, self._builder([name], (size, size)), nodes=members,
-                                timeout_s=self.spec.timeout_s, env_name=self.kind,
+                                timeout_s=self.spec.timeout_s, env_name=self.env_label,
                                 log_dir=f"{gang.log_dir}/isolate/{label}")
             run = next(iter(nccl_tests.parse(lines.table, binary=f"{name}_perf")), None)
             largest = run.largest if run else None
