@@ -87,12 +87,12 @@ class Slot:
         return f"layer {self.layer}" if self.layer is not None else ("embedding" if self.role == "embed" else "head")
 
     def sharded_key(self, naming: Naming) -> str:
-        key = names(self.role, naming)[0]
+        key = names(self.role, naming, hybrid=self.layer_keys)[0]
         # mcore's non_homogeneous_layers: the layer's own prefix in place of the stacked one.
         return key.replace(LAYERS, f"{LAYERS}{self.layer}.", 1) if self.layer_keys else key
 
     def state_key(self, naming: Naming) -> str:
-        return names(self.role, naming)[1].format(l=self.layer, e=self.expert)
+        return names(self.role, naming, hybrid=self.layer_keys)[1].format(l=self.layer, e=self.expert)
 
     def stack(self, arch: Architecture) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(offsets, sizes) of the stacking dims this slot sits at: (layer[, expert]) in (L[, E]); only

@@ -10,13 +10,11 @@ or a restart after a lost node resumes from the newest complete checkpoint there
 
 from __future__ import annotations
 
-import json
 from pathlib import Path, PurePosixPath
 
 from a4ray.core.errors import UnsupportedModel
 from a4ray.mcore.architecture import Architecture
 from a4ray.mcore.checkpointing import TRACKER, newest_complete
-from a4ray.mcore.model import unbuildable
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.conversion import ConvertSpec
 from a4ray.trainers.interface import LoopResult, Trainer, fit_problems
@@ -35,30 +33,12 @@ class MegatronTrain(Trainer):
 
     @property
     def model(self) -> str:
-        """The HF checkpoint it trains, as the nodes see it: the stand-in's where it stands in."""
-        t = self.spec.train
-        return self.spec.on_nodes(self.workspace, t.megatron.stand_in if self.stands_in else t.model)
-
-    @property
-    def stands_in(self) -> str | None:
-        """On simulated nodes, why `train.megatron.stand_in` is trained instead of `train.model` (None: it is
-        not): megatron-core cannot build the model's layers on this machine. Simulated nodes share its disk
-        and its Python, so the staged config.json and the installed packages here are the nodes'. Asked
-        again at each step: the model's config exists once the stage step has run."""
-        stand_in = self.spec.train.megatron.stand_in
-        config = Path(self.spec.on_nodes(self.workspace, self.spec.train.model)) / "config.json"
-        if not (self.simulated and stand_in and config.is_file()):
-            return None
-        return unbuildable(Architecture.from_config(json.loads(config.read_text()), str(config)))
-
-    def convert_inputs(self) -> list[str]:
-        main = super().convert_inputs()
-        return main + [self.spec.train.megatron.stand_in] if self.stands_in else main
+        """The HF checkpoint it trains (its config.json), as the nodes see it."""
+        return self.spec.on_nodes(self.workspace, self.spec.train.model)
 
     def runs(self) -> str:
-        what = f"; here its stand-in {self.spec.train.megatron.stand_in} (see train)" if self.stands_in else ""
         return ("a4ray's Megatron trainer: torchrun of a4ray.mcore on every node (megatron-core GPTModel from the "
-                f"converted checkpoint){what}")
+                "converted checkpoint)")
 
     @property
     def checkpoints(self) -> str:
