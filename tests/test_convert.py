@@ -131,6 +131,23 @@ def test_qwen3_next_converts_on_two_nodes_verifies_by_logits_and_is_then_a_cache
     again = convert(_spec(models["next"], out))
     assert again.status == "cached" and again.checkpoint == first.checkpoint and again.verify == first.verify
 
+    # Mapping errors a round trip cannot see (wrong both ways) fail the logits, naming the tensors to look at.
+    planted = subprocess.run([PYTHON, str(REPO / "tests" / "programs" / "plant_mapping_errors.py"), first.checkpoint,
+                              str(models["next"]), str(tmp_path / "planted"), "none", "in_proj_groups", "norm_shift",
+                              "gate_query"], capture_output=True, text=True, timeout=300, cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    reports = [json.loads(line) for line in planted.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == 4, planted.stderr[-3000:]
+    clean, in_proj, shift, gate = reports
+    assert clean["ok"] and clean["max_abs_diff"] < 1e-4 and clean["tensors_equal"] == len(hf_tensors(arch))
+    for report, module, tensor in ((in_proj, "layer 0's linear_attn", "model.layers.0.linear_attn.in_proj_qkvz.weight"),
+                                   (shift, "layer 0's linear_attn", "model.layers.0.linear_attn.norm.weight"),
+                                   (gate, "layer 3's self_attn", "model.layers.3.self_attn.q_proj.weight")):
+        assert not report["ok"] and report["logits_checked"] and len(report["problems"]) == 1
+        problem = report["problems"][0]
+        assert problem.startswith("logits: max |diff|") and f"{module} is the first to depart" in problem, problem
+        assert tensor in problem, problem
+
     with pytest.raises(UnsupportedModel, match="convert.naming=local: megatron-core builds Qwen3-Next with the "
                                                "Transformer Engine spec only"):
         convert(_spec(models["next"], out, "convert.naming=local"))

@@ -39,9 +39,11 @@ from torch.nn import Parameter
 if TYPE_CHECKING:
     from megatron.core.transformer import TransformerConfig
 
-# FLA 0.6.0 (fla/ops/gated_delta_rule/chunk.py via fla/utils.py) refuses the gated DeltaNet backward on
-# Hopper with Triton >= 3.4.0 and < 3.7.1 unless tilelang is installed: "Triton >= 3.4.0 and < 3.7.1 on
-# Hopper GPUs produces incorrect results for gated chunk_bwd_dqkwg (see #640)". Its forward is right there.
+# fla-core 0.6.0's `chunk_bwd_dqkwg` (fla/ops/common/chunk_o.py, the gated DeltaNet backward) raises on
+# Hopper with Triton >= 3.4.0 and < 3.7.1: "Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect
+# results for gated chunk_bwd_dqkwg (see #640)", unless its tilelang backend takes the call
+# (fla/ops/common/backends/tilelang, enabled on Hopper with Triton >= 3.4 where tilelang imports). Its
+# forward is right there.
 BAD_TRITON_ON_HOPPER = ((3, 4, 0), (3, 7, 1))
 
 

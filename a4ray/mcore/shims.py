@@ -199,10 +199,13 @@ def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
 def _without_fla() -> None:
     if importlib.util.find_spec("fla") is not None:
         return
-    from megatron.core.ssm import gated_delta_net
-
-    gated_delta_net.HAVE_FLA = True  # the reference path (deterministic_mode) uses nothing else of FLA's
-    gated_delta_net.l2norm = l2norm
+    # Where GatedDeltaNet reads them: mcore 0.16's module ssm/gated_delta_net.py, 0.19's package's common.py.
+    try:
+        owner = importlib.import_module("megatron.core.ssm.gated_delta_net.common")
+    except ImportError:
+        owner = importlib.import_module("megatron.core.ssm.gated_delta_net")
+    owner.HAVE_FLA = True  # the reference path (deterministic_mode) uses nothing else of FLA's
+    owner.l2norm = l2norm
 
 
 def _resolve(path: str):
