@@ -7,6 +7,7 @@ torch reference).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -30,10 +31,20 @@ from a4ray.core.errors import (
 )
 from a4ray.driver.execute import run as convert
 from a4ray.hf2mcore.hf import HFCheckpoint
-from a4ray.hf2mcore.mapping import CONV_PARTS, IN_PROJ_PARTS, ExtraState, hf_tensors, slots, to_hf, to_mcore
+from a4ray.hf2mcore.mapping import (
+    CONV_PARTS,
+    IN_PROJ_PARTS,
+    ExtraState,
+    dropped,
+    hf_tensors,
+    slots,
+    to_hf,
+    to_mcore,
+)
 from a4ray.hf2mcore.native import check_disk, check_memory
 from a4ray.hf2mcore.tiny import QWEN3_NEXT_TINY, write_tiny, write_tiny_next
 from a4ray.mcore.architecture import Architecture
+from a4ray.mcore.names import EXPERT_ROLES, LAYERS
 from tests.conftest import PYTHON, REPO, isolated_env, job
 
 
@@ -398,6 +409,16 @@ def test_qwen3_next_layouts_give_mcore_what_hf_computes():
     assert torch.equal(torch.cat([mcore(f"conv1d.{part}") for part in CONV_PARTS]), tensors["conv1d.weight"])
 
 
+def test_qwen3_next_mtp_layer_is_said_to_be_dropped(models):
+    arch = _arch(models["next"])
+    names = list(HFCheckpoint.open(str(models["next"])).tensors)
+    assert dropped(arch, names) is None  # transformers' tiny model has no MTP layer: nothing to say
+    note = dropped(arch, [*names, "mtp.fc.weight", "mtp.layers.0.mlp.gate.weight", "mtp.norm.weight"])
+    assert note == ("not converted: 3 tensor(s) of qwen3_next's multi-token-prediction layer (mtp.*): the "
+                    "megatron-core model is built without MTP (mtp_num_layers unset), as transformers' model is; "
+                    "pretraining from this checkpoint starts without the MTP loss")
+
+
 def test_qwen3_next_slots_tile_every_hf_tensor_and_map_back():
     """Every HF row goes to exactly one mcore tensor, and back; the gated norm by its zero-centring shift,
     which is exact where w - 1 is representable and otherwise rounds once (what the verifier then checks)."""
@@ -503,3 +524,47 @@ def test_verification_catches_a_corrupted_checkpoint(local_cluster, models, tmp_
         convert(_spec(models["moe"], out))
     assert not (out / "latest").exists() and not Path(unverified.checkpoint).exists()
     assert list((out / ".failed").iterdir())
+
+
+def _te_parameters(arch: Architecture) -> dict[int | None, dict[str, tuple[int, ...]]]:
+    """layer (None: outside the layers) -> {state-dict name: shape} of megatron-core's TE spec of Qwen3-Next, as
+    a4ray.mcore.names describes it (the tensors the converter writes), the experts aside."""
+    out: dict[int | None, dict[str, tuple[int, ...]]] = {}
+    for slot in slots(arch):
+        if slot.role in EXPERT_ROLES:
+            continue
+        name, shape = slot.state_key("te"), slot.shape
+        known = out.setdefault(slot.layer, {}).get(name)
+        if known:  # in_proj / conv1d: one parameter, its parts' rows stacked
+            shape = (known[0] + shape[0], *shape[1:])
+        out[slot.layer][name] = shape
+    return out
+
+
+@pytest.mark.slow
+def test_one_qwen3_next_checkpoint_loads_into_each_spec_with_the_te_names(local_cluster, models, tmp_path):
+    """The converted checkpoint loads into megatron-core's local layers (and, where Transformer Engine
+    imports, its TE spec); the local spec's parameters are, layer by layer, the names and shapes the TE
+    naming of a4ray.mcore.names describes, and its experts (SequentialMLP, not TEGroupedMLP) have the TE
+    spec's torch_dist keys and shapes."""
+    arch = _arch(models["next"])
+    converted = convert(_spec(models["next"], tmp_path / "out", "convert.verify.enabled=false"))
+    done = subprocess.run([PYTHON, str(REPO / "tests" / "programs" / "spec_layers.py"), converted.checkpoint,
+                           str(models["next"])], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    specs = json.loads(done.stdout.splitlines()[-1])
+    assert "local" in specs and ("te" in specs) == (importlib.util.find_spec("transformer_engine") is not None)
+    expected = _te_parameters(arch)
+    for naming, built in specs.items():
+        params: dict[int | None, dict[str, tuple[int, ...]]] = {}
+        for name, shape in built["params"].items():
+            if ".mlp.experts." in name:
+                continue
+            layer = int(name.split(".")[2]) if name.startswith(LAYERS) else None
+            params.setdefault(layer, {})[name] = tuple(shape)
+        for layer in [None, *range(arch.layers)]:
+            assert params[layer] == expected[layer], f"{naming} spec, layer {layer}"
+        experts = {s.sharded_key("te"): s.global_shape(arch) for s in slots(arch) if s.role in EXPERT_ROLES}
+        assert set(built["expert_keys"]) == set(experts)
+        assert all(tuple(shape) == experts[key] for key, shape in built["expert_keys"].items() if shape)

@@ -39,7 +39,7 @@ from a4ray.hf2mcore.cache import (
     write_record,
 )
 from a4ray.hf2mcore.hf import HFCheckpoint, fingerprint
-from a4ray.hf2mcore.mapping import hf_tensors, torch_dtype
+from a4ray.hf2mcore.mapping import dropped, hf_tensors, torch_dtype
 from a4ray.hf2mcore.writer import TRACKER
 from a4ray.mcore.architecture import Architecture
 from a4ray.runtime.connect import Connection
@@ -277,9 +277,16 @@ class ConvertWorkload(Workload[ConvertJob]):
         checked = f"; verified: {report.summary()}" if report else "; not verified"
         verdict = (f"PASS: converted {job.source} -> {final} ({c.backend}, {c.naming} naming, {c.format}, "
                    f"{self.dtype_name}): wrote {native.size(written)} in {write_s:.1f}s "
-                   f"({written / 1e6 / write_s:.0f} MB/s; {seconds:.1f}s in all){checked}")
+                   f"({written / 1e6 / write_s:.0f} MB/s; {seconds:.1f}s in all){checked}{self._dropped(job)}")
         return ConvertResult(ok=True, status="ran", backend=c.backend, verdict=verdict, checkpoint=str(final),
                              key=job.key, seconds=seconds, bytes=written, parts=parts, verify=report)
+
+    def _dropped(self, job: _Job) -> str:
+        """`; ` + what of the HF checkpoint the native conversion leaves out, said once (or "")."""
+        note = dropped(job.arch, list(job.hf.tensors)) if job.arch and self.spec.convert.backend == "native" else None
+        if note:
+            say(f"convert: {note}")
+        return f"; {note}" if note else ""
 
     def _options(self, dtype) -> dict:
         """What changes the bytes written, and so the cache key (not: node counts, tasks, rate caps)."""
@@ -309,7 +316,8 @@ class ConvertWorkload(Workload[ConvertJob]):
             write_record(out.final, record)
         out.point_latest()
         checked = f"; verified: {record.verify.summary()}" if record.verify else ""
-        verdict = f"PASS: cache hit: {out.final} (converted {record.created}, key {record.key[:12]}){checked}"
+        verdict = (f"PASS: cache hit: {out.final} (converted {record.created}, key {record.key[:12]}){checked}"
+                   f"{self._dropped(job)}")
         say("convert: cache hit: same input, backend, options and versions; nothing to convert")
         return ConvertResult(ok=True, status="cached", backend=c.backend, verdict=verdict, checkpoint=str(out.final),
                              key=record.key, seconds=time.monotonic() - t0, bytes=record.bytes, verify=record.verify)

@@ -15,8 +15,8 @@ them, and splits two of them into parts in torch_dist (`in_proj.weight.{query,ke
 `conv1d.weight.{query,key,value}`: `GatedDeltaNet.sharded_state_dict`), each part a slot of its own.
 mcore builds it with the Transformer Engine spec only, so it has TE names and converts to torch_dist only.
 Its norms are zero-centred (HF and mcore store w for a scale of 1 + w) except the DeltaNet's gated output
-norm, which HF stores as the scale itself: that slot is the HF tensor shifted by -1 (`Slot.shift`). MTP
-weights (`mtp.*`) are not converted: the model is built without MTP layers.
+norm, which HF stores as the scale itself: that slot is the HF tensor shifted by -1 (`Slot.shift`). Its
+multi-token-prediction layer (`mtp.*`) is not converted, and the convert result says so (`dropped`).
 Names and layouts: mcore 0.16.1's `ssm/gated_delta_net.py`, `transformer/attention.py` (gated QKV) and
 `models/gpt/experimental_attention_variant_module_specs.py` (the same in 0.19), read against transformers'
 `modeling_qwen3_next.py`; Megatron-Bridge's Qwen3-Next bridge maps the same tensors the same way.
@@ -213,6 +213,19 @@ def _mlp(arch: Architecture, p: str, make) -> list[Slot]:
             make("shared_gate", (1, H), (p + "mlp.shared_expert_gate.weight", (1, H))),
         ]
     return out
+
+
+def dropped(arch: Architecture, names: list[str]) -> str | None:
+    """One line on the HF tensors of `names` the conversion leaves out, and why (None: it converts all).
+    Qwen3-Next checkpoints carry a multi-token-prediction layer (`mtp.*`, used for speculative decoding
+    and as an extra training loss), which transformers' model does not load either: a4ray builds the model
+    without MTP (megatron-core's `mtp_num_layers` unset), so the logits check has nothing to hold it to."""
+    mtp = [n for n in names if n.startswith("mtp.")]
+    if not mtp:
+        return None
+    return (f"not converted: {len(mtp)} tensor(s) of {arch.family}'s multi-token-prediction layer (mtp.*): the "
+            "megatron-core model is built without MTP (mtp_num_layers unset), as transformers' model is; pretraining "
+            "from this checkpoint starts without the MTP loss")
 
 
 def hf_tensors(arch: Architecture) -> dict[str, tuple[int, ...]]:

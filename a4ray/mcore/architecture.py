@@ -65,6 +65,16 @@ class Architecture:
         """q_proj also yields a sigmoid output gate per head (Qwen3-Next; mcore's attention_output_gate)."""
         return self.family == "qwen3_next"
 
+    def describe(self) -> str:
+        """One line: the model's shape (its layer kinds, experts, shared expert)."""
+        full = sum(self.full_attention(layer) for layer in range(self.layers))
+        return (f"{self.family}: {self.layers} layers"
+                + (f" ({self.layers - full} gated DeltaNet, {full} gated attention)" if self.hybrid else "")
+                + f", hidden {self.hidden}, {self.heads} heads / {self.groups} KV groups"
+                + (f", {self.experts} experts (top-{self.topk})" if self.moe else "")
+                + (", a gated shared expert" if self.shared_ffn else "") + f", vocab {self.vocab}"
+                + (", tied embeddings" if self.tied else ""))
+
     def full_attention(self, layer: int) -> bool:
         return not self.hybrid or self.layer_types[layer] == FULL_ATTENTION
 

@@ -29,7 +29,7 @@ import dataclasses
 import importlib.util
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.distributed as dist
@@ -70,9 +70,10 @@ def _dtype(dtype: torch.dtype | None) -> torch.dtype:
 
 def transformer_config(arch: Architecture, *, training: bool = False, parallel: Parallel = Parallel(),
                        naming: Naming | None = None, dtype: torch.dtype | None = None,
-                       aux_loss_coeff: float = 1e-3) -> TransformerConfig:
+                       aux_loss_coeff: float = 1e-3, kernel: Literal["fla", "torch"] | None = None) -> TransformerConfig:
     """mcore's TransformerConfig for `arch`. `training`: the router's load-balancing (aux) loss with
-    `aux_loss_coeff` (HF `router_aux_loss_coef`); otherwise none, as for a logits comparison."""
+    `aux_loss_coeff` (HF `router_aux_loss_coef`); otherwise none, as for a logits comparison. `kernel`:
+    Qwen3-Next's gated delta rule (default: `delta_rule_path`'s choice for `training`)."""
     from megatron.core.transformer import TransformerConfig
 
     naming = naming or default_naming()
@@ -92,7 +93,7 @@ def transformer_config(arch: Architecture, *, training: bool = False, parallel: 
         )
     hybrid = arch.hybrid_settings()
     if arch.hybrid:  # megatron-core's deterministic_mode runs its torch reference of the gated delta rule
-        hybrid["deterministic_mode"] = delta_rule_path(training).reference
+        hybrid["deterministic_mode"] = (kernel or delta_rule_path(training).kernel) == "torch"
     settings = dict(
         num_layers=arch.layers, hidden_size=arch.hidden, num_attention_heads=arch.heads,
         num_query_groups=arch.groups, kv_channels=arch.head_dim, ffn_hidden_size=arch.ffn or arch.moe_ffn,
@@ -128,7 +129,8 @@ def block_spec(config: TransformerConfig, arch: Architecture, naming: Naming):
 
 
 def gpt_model(arch: Architecture, *, training: bool = False, parallel: Parallel = Parallel(),
-              naming: Naming | None = None, dtype: torch.dtype | None = None, aux_loss_coeff: float = 1e-3):
+              naming: Naming | None = None, dtype: torch.dtype | None = None, aux_loss_coeff: float = 1e-3,
+              kernel: Literal["fla", "torch"] | None = None):
     """The megatron-core GPTModel equivalent to the HF model `arch` describes: this rank's part of it
     (pipeline stage, expert shard) once parallel_state is initialised. `training=False`: eval mode."""
     from megatron.core import parallel_state
@@ -138,7 +140,7 @@ def gpt_model(arch: Architecture, *, training: bool = False, parallel: Parallel 
     if arch.rope_type != "default":
         raise UnsupportedModel(f"rope_type {arch.rope_type!r} is not modelled (only the default RoPE is)")
     config = transformer_config(arch, training=training, parallel=parallel, naming=naming, dtype=dtype,
-                                aux_loss_coeff=aux_loss_coeff)
+                                aux_loss_coeff=aux_loss_coeff, kernel=kernel)
     model = GPTModel(config=config, transformer_layer_spec=block_spec(config, arch, naming), vocab_size=arch.vocab,
                      max_sequence_length=arch.max_positions,
                      pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=None),
