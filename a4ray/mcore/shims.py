@@ -34,10 +34,15 @@ wherever neither TE nor apex is installed, i.e. on the CPU):
   AdamW creates its state at the first step: a checkpoint cannot be loaded into a fresh optimizer.
   Before such a state_dict, the state is created as a fresh AdamW would (zero moments, step 0).
 
-Where FLA (flash-linear-attention) is not installed, on CPUs or on a GPU without it, Qwen3-Next's
+Where FLA (flash-linear-attention) cannot run, on CPUs or on a GPU without it, Qwen3-Next's
 `GatedDeltaNet` runs megatron-core's own torch reference of the gated delta rule (`deterministic_mode`:
 `torch_chunk_gated_delta_rule` and a plain conv1d; `a4ray.mcore.hybrid.delta_rule_path`), yet still takes
-two things from FLA (`_without_fla`, applied wherever FLA does not import):
+two things from FLA (`_without_fla`, applied wherever FLA is not installed or no GPU is visible):
+
+* where FLA is installed but no GPU is visible (the conversion's verifier on a GPU node runs with CUDA
+  hidden), FLA imports and then fails at its first Triton kernel ("0 active drivers"), and transformers'
+  Qwen3-Next would call it too: FLA is hidden from imports (`sys.modules["fla"] = None`) before either
+  imports it, so both take their torch paths;
 
 * its constructor refuses to build without FLA (`HAVE_FLA`), though the reference path needs none of it;
 * `l2norm` of the queries and keys, imported from `fla.modules.l2norm`: answered with the same function in
@@ -55,6 +60,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import sys
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -197,8 +203,11 @@ def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
 
 
 def _without_fla() -> None:
-    if importlib.util.find_spec("fla") is not None:
+    gpu = torch.cuda.is_available()
+    if gpu and importlib.util.find_spec("fla") is not None:
         return
+    if not gpu and "fla" not in sys.modules:
+        sys.modules["fla"] = None  # FLA's kernels are Triton GPU kernels: hidden where no GPU is visible
     # Where GatedDeltaNet reads them: mcore 0.16's module ssm/gated_delta_net.py, 0.19's package's common.py.
     try:
         owner = importlib.import_module("megatron.core.ssm.gated_delta_net.common")
