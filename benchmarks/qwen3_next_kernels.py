@@ -30,7 +30,8 @@ from a4ray.mcore.model import gpt_model, init_standalone  # noqa: E402
 
 
 def logits(arch, converted: Path, kernel: str, dtype: torch.dtype, tokens: torch.Tensor) -> torch.Tensor:
-    model = gpt_model(arch, naming="local", dtype=dtype, kernel=kernel)
+    model = gpt_model(arch, naming="local", dtype=dtype, kernel=kernel).cuda()  # (the shared expert's gate
+    # is made on the CPU; the trainer's DDP wrapper moves it as this does)
     checkpointing.load_weights(model, checkpointing.converted_dir(converted), arch, "local")
     seq = tokens.shape[1]
     with torch.no_grad():
