@@ -19,6 +19,23 @@ NATIVE_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwe
 # Qwen3-Next's layer kinds (HF `layer_types`).
 FULL_ATTENTION, LINEAR_ATTENTION = "full_attention", "linear_attention"
 
+# The config.json of models the recipes stage, as published, for plans made before the model is staged
+# (a dry run of the A4 defaults): the fields `Architecture.from_config` reads. Qwen/Qwen3-Next-80B-A3B-Instruct:
+# ../shared/research/workloads.md section 4 (its config.json on the Hub, and Pai's run_mcore_qwen3.sh A3B block).
+PUBLISHED_CONFIGS = {
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": {
+        "architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 48, "hidden_size": 2048,
+        "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "intermediate_size": 5120,
+        "vocab_size": 151936, "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000000,
+        "partial_rotary_factor": 0.25, "max_position_embeddings": 262144, "full_attention_interval": 4,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16, "linear_num_value_heads": 32, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "num_experts": 512,
+        "num_experts_per_tok": 10, "norm_topk_prob": True, "router_aux_loss_coef": 0.001, "dtype": "bfloat16",
+    },
+}
+
+
 @dataclass(frozen=True)
 class Architecture:
     """The shape of a Qwen3 / Qwen3-MoE / Qwen3-Next model, read from its HF config.json."""

@@ -10,10 +10,11 @@ or a restart after a lost node resumes from the newest complete checkpoint there
 
 from __future__ import annotations
 
+import json
 from pathlib import Path, PurePosixPath
 
 from a4ray.core.errors import UnsupportedModel
-from a4ray.mcore.architecture import Architecture
+from a4ray.mcore.architecture import PUBLISHED_CONFIGS, Architecture
 from a4ray.mcore.checkpointing import TRACKER, newest_complete
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.conversion import ConvertSpec
@@ -101,7 +102,25 @@ class MegatronTrain(Trainer):
         m = self.spec.train.megatron
         layers = {"auto": "Transformer Engine's where it imports on the nodes (A4 images), else megatron-core's "
                           "local layers", "te": "Transformer Engine's", "local": "megatron-core's local layers"}
-        return [f"layers: {layers[m.layers]}; loads {self.checkpoint}; checkpoints: {self.checkpoints}"]
+        return [f"model: {self.shape()}",
+                f"layers: {layers[m.layers]}; loads {self.checkpoint}; checkpoints: {self.checkpoints}"]
+
+    def shape(self) -> str:
+        """The model every rank builds, and where that is read from: the staged config.json where this
+        machine sees it, else the published config of the Hub model the spec stages there."""
+        config = Path(self.model) / "config.json"
+        if config.is_file():
+            source, where = json.loads(config.read_text()), str(config)
+        else:
+            hub = next((a.source.removeprefix("hf://").split("@")[0] for a in self.spec.artifacts
+                        if a.target == self.spec.train.model and a.source.startswith("hf://")), "")
+            source, where = PUBLISHED_CONFIGS.get(hub), f"{hub}'s published config.json"
+            if source is None:
+                return f"read on the nodes from {config} (not staged yet)"
+        try:
+            return f"{Architecture.from_config(source, where).describe()} (from {where})"
+        except (UnsupportedModel, KeyError) as error:
+            return f"{where}: {error}"
 
     def resume_note(self) -> str:
         done = newest_complete(Path(self.checkpoints))  # where the driver sees the workspace; else the ranks find it
