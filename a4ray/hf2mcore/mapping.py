@@ -13,7 +13,8 @@ Qwen3-Next is megatron-core's own hybrid GPTModel (`experimental_attention_varia
 each layer's tensors by its index (`decoder.layers.<l>.…`, `non_homogeneous_layers`) instead of stacking
 them, and splits two of them into parts in torch_dist (`in_proj.weight.{query,key,value,z,beta,alpha}`,
 `conv1d.weight.{query,key,value}`: `GatedDeltaNet.sharded_state_dict`), each part a slot of its own.
-mcore builds it with the Transformer Engine spec only, so it has TE names and converts to torch_dist only.
+It has TE's names in both layer specs (megatron-core's TE one; a4ray's local one, `a4ray.mcore.hybrid`,
+names every tensor alike) and converts to torch_dist only.
 Its norms are zero-centred (HF and mcore store w for a scale of 1 + w) except the DeltaNet's gated output
 norm, which HF stores as the scale itself: that slot is the HF tensor shifted by -1 (`Slot.shift`). Its
 multi-token-prediction layer (`mtp.*`) is not converted, and the convert result says so (`dropped`).

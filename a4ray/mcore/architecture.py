@@ -124,8 +124,8 @@ class Architecture:
         """What of a conversion target (`convert.naming` / `convert.format`) mcore has no model for."""
         if not self.hybrid:
             return []
-        return ([f"convert.naming={naming}: megatron-core builds Qwen3-Next with the Transformer Engine spec "
-                 "only (its hybrid block spec asserts transformer_impl=transformer_engine); use naming te"]
+        return ([f"convert.naming={naming}: Qwen3-Next has one naming, Transformer Engine's: megatron-core's TE "
+                 "spec and a4ray's local one (a4ray.mcore.hybrid) name its tensors alike; use naming te"]
                 if naming != "te" else []) + (
                 [f"convert.format={fmt}: Qwen3-Next converts to torch_dist only (the legacy state dict holds "
                  "the DeltaNet projections fused, torch_dist in parts)"] if fmt != "torch_dist" else [])
