@@ -27,6 +27,7 @@ training on Hopper GPUs with a Triton on which FLA computes its backward wrongly
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
@@ -136,6 +137,7 @@ class RMSNorm(torch.nn.Module):
         return rms_norm(x, self.weight, self.eps, self.zero_centred)
 
 
+@functools.cache  # one class (megatron-core is imported when a model is built, not with this module)
 def _column_parallel_linear():
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
