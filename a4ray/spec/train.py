@@ -95,9 +95,6 @@ class MegatronTrainerSpec(Spec):
     check_save: bool = Field(False, description="load every checkpoint back through megatron-core after saving it "
                              "and compare every model and optimizer tensor with what was saved")
     threads: PositiveInt | None = Field(None, description="CPU threads per rank (default: CPUs / local ranks)")
-    stand_in: PathStr = Field("", description="a rehearsal's stand-in: on simulated nodes where megatron-core cannot "
-                          "build train.model's layers (Qwen3-Next needs Transformer Engine and FLA's GPU kernels), "
-                          "this HF checkpoint (e.g. its Qwen3-MoE sibling) is converted too and trained instead")
 
 
 class TrainSpec(Spec):
