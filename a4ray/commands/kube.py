@@ -247,11 +247,11 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     kube = _connect(args)
     rows = []
-    for kind, summary in (("RayCluster", cluster_summary), ("RayJob", job_summary)):
+    for kind, summarize in (("RayCluster", cluster_summary), ("RayJob", job_summary)):
         for obj in kube.list(kind, args.namespace):
             if args.name and obj["metadata"]["name"] != args.name:
                 continue
-            rows.append([kind, obj["metadata"]["name"], summary(obj), obj["metadata"].get("creationTimestamp", "")])
+            rows.append([kind, obj["metadata"]["name"], summarize(obj), obj["metadata"].get("creationTimestamp", "")])
     if not rows:
         say(f"no a4ray RayClusters or RayJobs{' named ' + args.name if args.name else ''} in {args.namespace}")
         return 1 if args.name else 0

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
+from a4ray.core.console import say
 from a4ray.core.errors import A4RayError, SpecError, StagingFailed, StepError
 from a4ray.core.rundir import RunDir
 from a4ray.hf2mcore.converter import ConvertWorkload
