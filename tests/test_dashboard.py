@@ -76,7 +76,7 @@ def dash(tmp_path_factory):
         else:
             pytest.fail("a4ray local up did not come up:\n" + "".join(said))
         said = "".join(said)
-        gcs = re.search(r"cluster at (\S+):", said).group(1)
+        gcs = re.search(r" at (\S+): \d+ simulated ", said).group(1)
         prometheus = re.search(r"Prometheus at (http://\S+)", said).group(1)
         address = f"http://127.0.0.1:{port}"
         token = subprocess.run([RAY, "get-auth-token"], env=env, capture_output=True, text=True,
