@@ -5,6 +5,11 @@ nodes added to the session cluster for the test, of a machine type of their own 
 lands on them), removed after it: seconds, where a cluster of their own (`fresh_cluster`) costs a cluster's
 start and the session's reconnect. Subprocess tests that must not find the session cluster run with
 `isolated_env()` (their own RAY_TMPDIR, no RAY_ADDRESS).
+
+`make test` runs the suite on pytest-xdist workers side by side (pyproject's addopts): each worker has its own
+session cluster, and tests that share a costlier fixture are kept on one worker (`pytest_collection_modifyitems`).
+So a test must not assume it is alone on the machine: it finds its own processes by a marker of its own (a launch
+id, a tmp path, its RAY_TMPDIR) or below its own process tree, and takes free ports.
 """
 
 from __future__ import annotations
@@ -33,6 +38,39 @@ SESSION_NODES = 3
 SESSION_GPUS = 2
 # A secret in the session nodes' environment, as kuberay.secrets puts one on A4 (specs never hold one).
 NODE_SECRET = "a4ray-nodeSECRET-0123456789abcdef"
+
+
+# One per worker: the session cluster is what lets xdist workers run side by side without sharing a cluster.
+PER_WORKER_FIXTURES = {"_session_cluster"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup` every xdist worker makes its own module- and session-scoped fixtures. Tests that
+    share one made here in tests/ (a module's `a4ray local up`, its converted models, `shared_local_up`) are put
+    in one xdist_group, transitively, so that each such fixture is made once, on one worker."""
+    parent: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    shared_by: dict[pytest.Item, str] = {}
+    for item in items:
+        keys = []
+        for name, defs in getattr(item, "_fixtureinfo").name2fixturedefs.items():
+            fixture = defs[-1]
+            if fixture.scope == "function" or name in PER_WORKER_FIXTURES or \
+                    not Path(fixture.func.__code__.co_filename).is_relative_to(Path(__file__).parent):
+                continue
+            keys.append(name if fixture.scope == "session" else f"{item.path.name}::{name}")
+        for key in keys[1:]:
+            parent[root(key)] = root(keys[0])
+        if keys:
+            shared_by[item] = keys[0]
+    for item, key in shared_by.items():
+        item.add_marker(pytest.mark.xdist_group(root(key)))
 
 
 @pytest.fixture(scope="session")
