@@ -7,7 +7,7 @@ start and the session's reconnect. Subprocess tests that must not find the sessi
 `isolated_env()` (their own RAY_TMPDIR, no RAY_ADDRESS).
 
 `make test` runs the suite on pytest-xdist workers side by side (pyproject's addopts): each worker has its own
-session cluster, and tests that share a costlier fixture are kept on one worker (`pytest_collection_modifyitems`).
+session cluster and takes whole modules (`pytest_collection_modifyitems`).
 So a test must not assume it is alone on the machine: it finds its own processes by a marker of its own (a launch
 id, a tmp path, its RAY_TMPDIR) or below its own process tree, and takes free ports.
 """
@@ -40,37 +40,13 @@ SESSION_GPUS = 2
 NODE_SECRET = "a4ray-nodeSECRET-0123456789abcdef"
 
 
-# One per worker: the session cluster is what lets xdist workers run side by side without sharing a cluster.
-PER_WORKER_FIXTURES = {"_session_cluster"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `--dist loadgroup` every xdist worker makes its own module- and session-scoped fixtures. Tests that
-    share one made here in tests/ (a module's `a4ray local up`, its converted models, `shared_local_up`) are put
-    in one xdist_group, transitively, so that each such fixture is made once, on one worker."""
-    parent: dict[str, str] = {}
-
-    def root(key: str) -> str:
-        while parent.setdefault(key, key) != key:
-            key = parent[key]
-        return key
-
-    shared_by: dict[pytest.Item, str] = {}
-    for item in items:
-        keys = []
-        for name, defs in getattr(item, "_fixtureinfo").name2fixturedefs.items():
-            fixture = defs[-1]
-            if fixture.scope == "function" or name in PER_WORKER_FIXTURES or \
-                    not Path(fixture.func.__code__.co_filename).is_relative_to(Path(__file__).parent):
-                continue
-            keys.append(name if fixture.scope == "session" else f"{item.path.name}::{name}")
-        for key in keys[1:]:
-            parent[root(key)] = root(keys[0])
-        if keys:
-            shared_by[item] = keys[0]
-    for item, key in shared_by.items():
-        item.add_marker(pytest.mark.xdist_group(root(key)))
+    """xdist's workers take whole modules (`--dist loadfile`: a module's fixtures are made once, on one worker), in
+    this order: the modules with end-to-end (slow) tests first, so that the short ones fill the end of the run.
+    Stable, so each module's tests stay together and in their order."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 @pytest.fixture(scope="session")
