@@ -6,8 +6,8 @@ lands on them), removed after it: seconds, where a cluster of their own (`fresh_
 start and the session's reconnect. Subprocess tests that must not find the session cluster run with
 `isolated_env()` (their own RAY_TMPDIR, no RAY_ADDRESS).
 
-`make test` runs the suite on pytest-xdist workers side by side (pyproject's addopts): each worker has its own
-session cluster and takes whole modules (`pytest_collection_modifyitems`).
+The suite can run on pytest-xdist workers side by side (`-n 3 --dist loadfile`, see pyproject): each worker has its
+own session cluster and takes whole modules.
 So a test must not assume it is alone on the machine: it finds its own processes by a marker of its own (a launch
 id, a tmp path, its RAY_TMPDIR) or below its own process tree, and takes free ports.
 """
@@ -38,15 +38,6 @@ SESSION_NODES = 3
 SESSION_GPUS = 2
 # A secret in the session nodes' environment, as kuberay.secrets puts one on A4 (specs never hold one).
 NODE_SECRET = "a4ray-nodeSECRET-0123456789abcdef"
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """xdist's workers take whole modules (`--dist loadfile`: a module's fixtures are made once, on one worker), in
-    this order: the modules with end-to-end (slow) tests first, so that the short ones fill the end of the run.
-    Stable, so each module's tests stay together and in their order."""
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)
 
 
 @pytest.fixture(scope="session")
