@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := openmpi-bin libopenmpi-dev shellcheck prometheus chromium
 
-.PHONY: install system-deps rehearsal rehearsal-stage test kuberay
+.PHONY: install system-deps swift-envs rehearsal rehearsal-stage test kuberay
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -34,10 +34,16 @@ rehearsal-stage: install
 	$(VENV)/bin/a4ray standins
 	$(VENV)/bin/a4ray stage -f jobs/qwen3_next_local.yaml
 
+# ms-swift at the versions a4ray supports, each in its own venv (.venv-swift/<version>), installed once: the
+# tests parse a4ray's swift commands with ms-swift's own argument classes (tests/test_swift_contract.py).
+SWIFT_VERSIONS := $(patsubst tests/swift_envs/ms-swift-%.txt,%,$(wildcard tests/swift_envs/ms-swift-*.txt))
+swift-envs:
+	@for v in $(SWIFT_VERSIONS); do bash tests/swift_envs/install.sh $$v || exit 1; done
+
 # The one-time installs are timed apart from the suite (pytest's own time is what must stay under 12 minutes).
 test:
-	@start=$$(date +%s); $(MAKE) --no-print-directory system-deps install || exit 1; \
-	echo "make test: one-time installs (system-deps, install) took $$(( $$(date +%s) - start ))s"
+	@start=$$(date +%s); $(MAKE) --no-print-directory system-deps install swift-envs || exit 1; \
+	echo "make test: one-time installs (system-deps, install, swift-envs) took $$(( $$(date +%s) - start ))s"
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest  # the venv's `ray` CLI too, as in an activated venv
 
 # The rendered KubeRay manifests in kuberay/ (see kuberay/manifests.txt); a test keeps them current.

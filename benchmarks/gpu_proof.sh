@@ -10,8 +10,12 @@
 #              the first checkpoint: the restart policy relaunches the gang, which resumes from the newest one
 #   step_time  (2+ GPUs) Megatron step time through the gang against bare torchrun (benchmarks/megatron_step.py)
 #   doctor     (2+ GPUs) the doctor's network check across the nodes: NCCL's transport and the busbw verdict
-#   qwen3_next the Qwen3-Next rehearsal (its DeltaNet layers need Transformer Engine and FLA; without them it
-#              trains the Qwen3-MoE stand-in, and says so)
+#   qwen3_next the Qwen3-Next rehearsal: Qwen3-Next-tiny itself, converted (logits verified), 30 iterations on
+#              the gated-delta-rule path that is right on this GPU (the trainer's log says which and why)
+#   next_resume the same asked for 40 iterations: it resumes from iteration 30's checkpoint
+#   next_kernels FLA's forward against megatron-core's torch reference (and transformers) on this GPU, from
+#              the rehearsal's conversion, and what FLA's gated backward does here (benchmarks/qwen3_next_kernels.py)
+#   next_step  the small Qwen3-Next's Megatron step time, gang and torchrun (benchmarks/megatron_step.py)
 #   carried    megatron-core here (0.19.x) from what 0.16.1 made on a CPU (.gpu-carry/, when carried): training
 #              from its converted checkpoint, and continuing its own trained checkpoint (fp32, as saved)
 # Logs and result JSON go to $OUT (or /tmp/a4ray-gpu-proof); ONLY="qwen3 resume" runs just those. Needs Ray:
@@ -93,8 +97,16 @@ else
   echo "=== killed, step_time, doctor: not run: they need one GPU per node and 2 nodes, this machine has $gpus"
 fi
 step qwen3_next python -m a4ray.qwen3_next "${shape[@]}" "${megatron[@]}" --result "$out/qwen3_next.json"
-grep -E 'train: .*stand-in|logits not compared' "$out/qwen3_next.log" 2>/dev/null | head -n 2 | cut -c1-300
+grep -E 'convert: verify|a4ray.mcore: (model|gated delta rule)' "$out/qwen3_next.log" 2>/dev/null | head -n 3 | cut -c1-400
 iterations qwen3_next
+step next_resume python -m a4ray.qwen3_next "${shape[@]}" "${megatron[@]}" --set train.iterations=40 \
+  --result "$out/next_resume.json"
+grep -E 'resuming from checkpoint' "$out/next_resume.log" 2>/dev/null | head -n 1 | cut -c1-250
+iterations next_resume
+step next_kernels python benchmarks/qwen3_next_kernels.py "$ws/ckpts/huggingface/Qwen3-Next-tiny-to-mcore/latest" \
+  "$ws/ckpts/huggingface/Qwen3-Next-tiny" --out "$out/next_kernels.json"
+step next_step python benchmarks/megatron_step.py --nodes 1 --gpus-per-node 1 --family next --size small \
+  --rounds "${NEXT_ROUNDS:-2}" --iters 20 --dir /tmp/nbench
 
 carry=.gpu-carry/.a4ray
 if [ -d "$carry" ]; then

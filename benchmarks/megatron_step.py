@@ -1,6 +1,7 @@
 """Megatron step time through a4ray's gang against the same trainer under bare torchrun, interleaved.
 
     python benchmarks/megatron_step.py [--nodes 2 --gpus-per-node 1] [--rounds 3] [--iters 30] [--size small]
+                                       [--family next]
 
 Both sides run the same rank program (`python -m a4ray.mcore`, a4ray's Megatron trainer) with the same
 arguments, from the same converted checkpoint and data, on the same devices:
@@ -15,7 +16,9 @@ medians over rounds; the ratio is gang / torchrun (goal <= 1.01). Setup (once): 
 model staged and converted natively by the same pipeline.
 
 --size tiny: the rehearsal's 2-layer Qwen3-MoE stand-in (CPU); small: a random Qwen3-MoE of 8 layers,
-hidden 1024, 8 experts top-2 (GPU). On CPUs the ranks talk gloo.
+hidden 1024, 8 experts top-2 (GPU). --family next: Qwen3-Next instead (`python -m a4ray.qwen3_next`,
+jobs/qwen3_next_local.yaml): tiny, the rehearsal's 4-layer Qwen3-Next-tiny; small, 8 layers (6 gated
+DeltaNet, 2 gated attention), hidden 1024, 64 experts top-4 and a shared expert. On CPUs the ranks talk gloo.
 """
 
 from __future__ import annotations
@@ -37,9 +40,15 @@ from a4ray.runtime.simulated import physical_gpu_ids  # noqa: E402
 from bare import env, torchrun_as_nodes  # noqa: E402
 from a4ray.trainers import trainer_for  # noqa: E402
 
-PROFILE = REPO / "jobs" / "qwen3_local.yaml"
+# family -> (recipe, its local profile, the stand-in whose tokenizer the small model takes)
+FAMILIES = {"moe": ("qwen3", REPO / "jobs" / "qwen3_local.yaml", "qwen3-moe-tiny"),
+            "next": ("qwen3_next", REPO / "jobs" / "qwen3_next_local.yaml", "qwen3-next-tiny")}
 SMALL = dict(layers=8, hidden=1024, heads=16, kv_heads=4, head_dim=64, ffn=2048, experts=8, topk=2, moe_ffn=512,
              vocab=512, shard_size="200MB")
+SMALL_NEXT = dict(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                  intermediate_size=2048, linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=64,
+                  linear_value_head_dim=64, num_experts=64, num_experts_per_tok=4, moe_intermediate_size=256,
+                  shared_expert_intermediate_size=512, vocab_size=512)
 
 
 def overrides(args, ws: Path) -> list[str]:
@@ -54,7 +63,8 @@ def overrides(args, ws: Path) -> list[str]:
 
 def pipeline(args, ws: Path, extra: list[str], result: Path) -> dict:
     sets = [arg for s in overrides(args, ws) for arg in ("--set", s)]
-    cmd = [sys.executable, "-m", "a4ray.qwen3", "--config", str(PROFILE), *sets, *extra, "--result", str(result)]
+    recipe, profile, _ = FAMILIES[args.family]
+    cmd = [sys.executable, "-m", f"a4ray.{recipe}", "--config", str(profile), *sets, *extra, "--result", str(result)]
     done = subprocess.run(cmd, env=env(RAY_TMPDIR=tempfile.mkdtemp(prefix="r", dir="/tmp")), cwd=args.dir,
                           capture_output=True, text=True)
     if done.returncode != 0 or not result.is_file():
@@ -72,7 +82,7 @@ def gang(args, ws: Path, i: int) -> dict:
 
 def torchrun(args, ws: Path, i: int, gpus: list[str]) -> dict:
     """The plan's command of the trainer, under N plain torchrun processes as N nodes."""
-    spec = load(PROFILE, *overrides(args, ws), f"train.output=logs/bench-torchrun-{i}",
+    spec = load(FAMILIES[args.family][1], *overrides(args, ws), f"train.output=logs/bench-torchrun-{i}",
                 f"train.iterations={args.iters}", "train.warmup_iterations=1")
     trainer_args = trainer_for(spec, str(ws)).trainer_args()
     outputs = torchrun_as_nodes(args.nodes, args.gpus_per_node, gpus, 29531, ["-m", "a4ray.mcore", *trainer_args],
@@ -92,6 +102,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--size", choices=("tiny", "small"), help="default: small with GPUs, tiny without")
+    p.add_argument("--family", choices=tuple(FAMILIES), default="moe", help="Qwen3-MoE (moe) or Qwen3-Next (next)")
     p.add_argument("--seq", type=int, help="tokens per sample (default: 64 tiny, 1024 small)")
     p.add_argument("--micro", type=int, default=4, help="micro batch per rank")
     p.add_argument("--dir", help="work directory (default: a temporary one)")
@@ -107,17 +118,18 @@ def main() -> int:
     ws = Path(args.dir) / "ws"
     args.model = None
     if args.size == "small":  # a bigger model of the stand-in's family and tokenizer
-        from a4ray.hf2mcore.tiny import write_tiny
+        from a4ray.hf2mcore.tiny import write_tiny, write_tiny_next
         from a4ray.staging.standins import make_all
 
-        standin = make_all(Path(args.dir) / ".a4ray" / "standins")["qwen3-moe-tiny"]
-        model = write_tiny(Path(args.dir) / "qwen3-moe-small", **SMALL)
+        standin = make_all(Path(args.dir) / ".a4ray" / "standins")[FAMILIES[args.family][2]]
+        model = (write_tiny(Path(args.dir) / "qwen3-moe-small", **SMALL) if args.family == "moe" else
+                 write_tiny_next(Path(args.dir) / "qwen3-next-small", shard_size="200MB", **SMALL_NEXT))
         for f in standin.iterdir():
             if f.name.startswith(("tokenizer", "vocab", "merges", "special")):
                 shutil.copy2(f, model / f.name)
         args.model = str(model)
     shape = f"{args.nodes} node(s) x {args.gpus_per_node} {'GPU(s)' if gpus else 'CPU rank(s) (gloo)'}"
-    print(f"Megatron trainer ({args.size} Qwen3-MoE, ep {args.ep}, seq {args.seq}, micro batch {args.micro}), "
+    print(f"Megatron trainer ({args.size} Qwen3-{args.family.replace('moe', 'MoE').replace('next', 'Next')}, ep {args.ep}, seq {args.seq}, micro batch {args.micro}), "
           f"{shape}, {args.iters} iterations a run, {args.rounds} rounds; work dir {args.dir}", flush=True)
     # Setup: staged and converted once (the conversion's verification is not what this measures).
     pipeline(args, ws, ["--skip", "preflight", "--set", "train.iterations=2", "--set", "train.warmup_iterations=1",

@@ -4,8 +4,9 @@ ARG BASE_IMAGE=a4ray:25.12-ray2.60.0
 FROM ${BASE_IMAGE}
 
 ARG NVSHMEM_VERSION=v3.5.19-1
-# deepseek-ai/DeepEP PR #466 ("If CUDA_VISIBLE_DEVICES is set, map cuda.current_device()"): maps each
-# GPU to its NIC through DEEP_EP_DEVICE_TO_HCA_MAPPING.
+# deepseek-ai/DeepEP PR #466 ("Allow NVSHMEM PE to NIC mapping to be initialized by DeepEP rank") at its head
+# commit 8a07e7e ("If CUDA_VISIBLE_DEVICES is set, map cuda.current_device()"): maps each GPU to its NIC
+# through DEEP_EP_DEVICE_TO_HCA_MAPPING.
 ARG DEEPEP_COMMIT=8a07e7e7ed57cfc63005f670d64d410cb30b061b
 
 RUN apt-get update \

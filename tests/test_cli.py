@@ -3,6 +3,7 @@ cancellation by SIGTERM (what `ray job stop` sends), and `ray job submit` onto `
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import subprocess
@@ -92,3 +93,35 @@ def test_ray_job_submit_onto_a4ray_local_up(shared_local_up):
     results = list(up.root.glob(".a4ray/runs/cli-submit-*/result.json"))
     assert len(results) == 1 and json.loads(results[0].read_text())["ok"], results
     assert sorted(p.name for p in results[0].parent.glob("logs/node-*.log")), "per-node logs survive the job"
+
+
+def test_every_option_says_what_it_does_and_help_imports_no_ray():
+    """`a4ray --help` is for users (no internal docstring) and imports only the command wiring; every
+    option of every command, nested ones included, has help text."""
+    probe = ("import sys, contextlib, io\nfrom a4ray.cli import build_parser\n"
+             "with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):\n"
+             "    build_parser(['--help']).parse_args(['--help'])\n"
+             "print(out.getvalue()); print('HEAVY', sorted(m for m in ('ray', 'torch', 'megatron', 'pydantic', "
+             "'kubernetes') if m in sys.modules))")
+    done = subprocess.run([PYTHON, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "HEAVY []" in done.stdout and "this file only wires them" not in done.stdout
+    assert "python -m a4ray.qwen3_next" in done.stdout and "local" in done.stdout
+
+    from a4ray.cli import COMMANDS, build_parser
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif not action.help:
+                missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+
+    for command in COMMANDS:
+        parser = build_parser([command])
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        walk(sub.choices[command], f"a4ray {command}")
+    assert not missing, missing

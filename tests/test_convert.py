@@ -1,11 +1,13 @@
 """HF -> Megatron-core conversion: real tiny Qwen3 / Qwen3-MoE / Qwen3-Next checkpoints (transformers, random
 weights, GQA, several experts, sharded safetensors), converted by Ray tasks on the session's simulated A4 nodes
 and verified with megatron-core on CPU (logits against the HF model, and a tensor-by-tensor round trip;
-Qwen3-Next by the round trip alone: megatron-core builds its DeltaNet layers with TE and FLA's GPU kernels only).
+Qwen3-Next's layers on megatron-core's local layers, `a4ray.mcore.hybrid`, its gated delta rule on mcore's
+torch reference).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -29,11 +31,22 @@ from a4ray.core.errors import (
 )
 from a4ray.driver.execute import run as convert
 from a4ray.hf2mcore.hf import HFCheckpoint
-from a4ray.hf2mcore.mapping import CONV_PARTS, IN_PROJ_PARTS, ExtraState, hf_tensors, slots, to_hf, to_mcore
+from a4ray.hf2mcore.mapping import (
+    CONV_PARTS,
+    IN_PROJ_PARTS,
+    ExtraState,
+    dropped,
+    hf_tensors,
+    slots,
+    to_hf,
+    to_mcore,
+)
 from a4ray.hf2mcore.native import check_disk, check_memory
 from a4ray.hf2mcore.tiny import QWEN3_NEXT_TINY, write_tiny, write_tiny_next
 from a4ray.mcore.architecture import Architecture
+from a4ray.mcore.names import EXPERT_ROLES, LAYERS
 from tests.conftest import PYTHON, REPO, isolated_env, job
+from tests.upstream import PAI_CONVERTER_ARGS, PAI_DLC_ENV, pai_standin
 
 
 @pytest.fixture(scope="module")
@@ -94,18 +107,20 @@ def test_moe_converts_on_two_nodes_verifies_and_is_then_a_cache_hit(local_cluste
 
 
 @pytest.mark.slow
-def test_qwen3_next_converts_on_two_nodes_round_trips_exactly_and_is_then_a_cache_hit(local_cluster, models, tmp_path):
+def test_qwen3_next_converts_on_two_nodes_verifies_by_logits_and_is_then_a_cache_hit(local_cluster, models, tmp_path):
     out = tmp_path / "out"
     first = convert(_spec(models["next"], out))
     assert first.ok and first.status == "ran"
     assert len({p.node for p in first.parts}) == 2, "parts ran on both simulated nodes"
     v, arch = first.verify, _arch(models["next"])
     # Every HF tensor back exactly (in_proj_qkvz / in_proj_ba / conv1d from their parts, the gated norm
-    # through its -1 shift); logits not claimed: megatron-core cannot build the DeltaNet layers on CPU.
+    # through its -1 shift), and the logits of megatron-core's model of it equal to transformers' within the
+    # tolerance every model is held to.
     assert v.ok and v.tensors_checked == v.tensors_equal == len(hf_tensors(arch)) and not v.tensors_rounded
-    assert not v.logits_checked and "Transformer Engine" in v.logits_skipped and "FLA" in v.logits_skipped
-    assert f"round trip {v.tensors_equal}/{v.tensors_equal} HF tensors identical; logits not compared: " \
-        in first.verdict
+    assert v.logits_checked and v.max_abs_diff < 1e-4 and v.top1_agreement == 1.0
+    assert not v.missing_keys and not v.unexpected_keys
+    assert f"round trip {v.tensors_equal}/{v.tensors_equal} HF tensors identical" in first.verdict
+    assert "logits max |diff|" in first.verdict
 
     release = Path(first.checkpoint) / "release"
     from torch.distributed.checkpoint import FileSystemReader
@@ -128,8 +143,25 @@ def test_qwen3_next_converts_on_two_nodes_round_trips_exactly_and_is_then_a_cach
     again = convert(_spec(models["next"], out))
     assert again.status == "cached" and again.checkpoint == first.checkpoint and again.verify == first.verify
 
-    with pytest.raises(UnsupportedModel, match="convert.naming=local: megatron-core builds Qwen3-Next with the "
-                                               "Transformer Engine spec only"):
+    # Mapping errors a round trip cannot see (wrong both ways) fail the logits, naming the tensors to look at.
+    planted = subprocess.run([PYTHON, str(REPO / "tests" / "programs" / "plant_mapping_errors.py"), first.checkpoint,
+                              str(models["next"]), str(tmp_path / "planted"), "none", "in_proj_groups", "norm_shift",
+                              "gate_query"], capture_output=True, text=True, timeout=300, cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    reports = [json.loads(line) for line in planted.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == 4, planted.stderr[-3000:]
+    clean, in_proj, shift, gate = reports
+    assert clean["ok"] and clean["max_abs_diff"] < 1e-4 and clean["tensors_equal"] == len(hf_tensors(arch))
+    for report, module, tensor in ((in_proj, "layer 0's linear_attn", "model.layers.0.linear_attn.in_proj_qkvz.weight"),
+                                   (shift, "layer 0's linear_attn", "model.layers.0.linear_attn.norm.weight"),
+                                   (gate, "layer 3's self_attn", "model.layers.3.self_attn.q_proj.weight")):
+        assert not report["ok"] and report["logits_checked"] and len(report["problems"]) == 1
+        problem = report["problems"][0]
+        assert problem.startswith("logits: max |diff|") and f"{module} is the first to depart" in problem, problem
+        assert tensor in problem, problem
+
+    with pytest.raises(UnsupportedModel, match="convert.naming=local: Qwen3-Next has one naming, Transformer "
+                                               "Engine's"):
         convert(_spec(models["next"], out, "convert.naming=local"))
 
 
@@ -173,13 +205,11 @@ def test_pai_backend_runs_the_toolkit_script_on_every_node(local_cluster, models
     made = convert(_spec(models["moe"], tmp_path / "native"))
     repo = tmp_path / "Pai-Megatron-Patch"
     script = repo / "toolkits/distributed_checkpoints_convertor/scripts/qwen3/run_8xH20.sh"
-    script.parent.mkdir(parents=True)
     seen = tmp_path / "seen"
     seen.mkdir()
-    script.write_text(f"""#!/bin/bash
-set -euo pipefail
+    pai_standin(script, args=len(PAI_CONVERTER_ARGS), env=PAI_DLC_ENV, body=f"""\
 [ "$(basename "$PWD")" = distributed_checkpoints_convertor ]
-[ $# -eq 6 ] && [ "$1" = A3B ] && [ "$4" = false ] && [ "$5" = true ] && [ "$6" = fp32 ]
+[ "$1" = A3B ] && [ "$4" = false ] && [ "$5" = true ] && [ "$6" = fp32 ]
 echo "$WORLD_SIZE $RANK $KUBERNETES_CONTAINER_RESOURCE_GPU $MASTER_ADDR $MASTER_PORT $2" > {seen}/node-$RANK
 if [ "$RANK" = 0 ]; then
   mkdir -p "$3" && cp -r {made.checkpoint}/release "$3/" && echo release > "$3/latest_checkpointed_iteration.txt"
@@ -237,10 +267,14 @@ def test_pai_and_swift_dry_runs_print_each_nodes_documented_command(tmp_path):
     (node,) = swift["nodes"]
     assert node["argv"][:6] == ["swift", "export", "--model", str(model), "--to_mcore", "true"]
     assert node["argv"][6:8] == ["--torch_dtype", "bfloat16"] and node["argv"][8] == "--output_dir"
+    # The output is the temporary a4ray made already; ms-swift refuses an existing one unless exist_ok
+    # (v3.8.0 swift/llm/argument/export_args.py L67, L95-96). tests/test_swift_contract.py parses it for real.
+    assert node["argv"][10:12] == ["--exist_ok", "true"]
 
     multi = dry(2)
     (node,) = multi["nodes"]
     assert node["argv"][:2] == ["megatron", "export"] and "--save" in node["argv"]
+    assert node["argv"][node["argv"].index("--exist_ok") + 1] == "true"
     assert node["argv"][node["argv"].index("--expert_model_parallel_size") + 1] == "8"
     assert node["env"]["NPROC_PER_NODE"] == "8"
 
@@ -391,6 +425,16 @@ def test_qwen3_next_layouts_give_mcore_what_hf_computes():
     assert torch.equal(torch.cat([mcore(f"conv1d.{part}") for part in CONV_PARTS]), tensors["conv1d.weight"])
 
 
+def test_qwen3_next_mtp_layer_is_said_to_be_dropped(models):
+    arch = _arch(models["next"])
+    names = list(HFCheckpoint.open(str(models["next"])).tensors)
+    assert dropped(arch, names) is None  # transformers' tiny model has no MTP layer: nothing to say
+    note = dropped(arch, [*names, "mtp.fc.weight", "mtp.layers.0.mlp.gate.weight", "mtp.norm.weight"])
+    assert note == ("not converted: 3 tensor(s) of qwen3_next's multi-token-prediction layer (mtp.*): the "
+                    "megatron-core model is built without MTP (mtp_num_layers unset), as transformers' model is; "
+                    "pretraining from this checkpoint starts without the MTP loss")
+
+
 def test_qwen3_next_slots_tile_every_hf_tensor_and_map_back():
     """Every HF row goes to exactly one mcore tensor, and back; the gated norm by its zero-centring shift,
     which is exact where w - 1 is representable and otherwise rounds once (what the verifier then checks)."""
@@ -496,3 +540,47 @@ def test_verification_catches_a_corrupted_checkpoint(local_cluster, models, tmp_
         convert(_spec(models["moe"], out))
     assert not (out / "latest").exists() and not Path(unverified.checkpoint).exists()
     assert list((out / ".failed").iterdir())
+
+
+def _te_parameters(arch: Architecture) -> dict[int | None, dict[str, tuple[int, ...]]]:
+    """layer (None: outside the layers) -> {state-dict name: shape} of megatron-core's TE spec of Qwen3-Next, as
+    a4ray.mcore.names describes it (the tensors the converter writes), the experts aside."""
+    out: dict[int | None, dict[str, tuple[int, ...]]] = {}
+    for slot in slots(arch):
+        if slot.role in EXPERT_ROLES:
+            continue
+        name, shape = slot.state_key("te"), slot.shape
+        known = out.setdefault(slot.layer, {}).get(name)
+        if known:  # in_proj / conv1d: one parameter, its parts' rows stacked
+            shape = (known[0] + shape[0], *shape[1:])
+        out[slot.layer][name] = shape
+    return out
+
+
+@pytest.mark.slow
+def test_one_qwen3_next_checkpoint_loads_into_each_spec_with_the_te_names(local_cluster, models, tmp_path):
+    """The converted checkpoint loads into megatron-core's local layers (and, where Transformer Engine
+    imports, its TE spec); the local spec's parameters are, layer by layer, the names and shapes the TE
+    naming of a4ray.mcore.names describes, and its experts (SequentialMLP, not TEGroupedMLP) have the TE
+    spec's torch_dist keys and shapes."""
+    arch = _arch(models["next"])
+    converted = convert(_spec(models["next"], tmp_path / "out", "convert.verify.enabled=false"))
+    done = subprocess.run([PYTHON, str(REPO / "tests" / "programs" / "spec_layers.py"), converted.checkpoint,
+                           str(models["next"])], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    specs = json.loads(done.stdout.splitlines()[-1])
+    assert "local" in specs and ("te" in specs) == (importlib.util.find_spec("transformer_engine") is not None)
+    expected = _te_parameters(arch)
+    for naming, built in specs.items():
+        params: dict[int | None, dict[str, tuple[int, ...]]] = {}
+        for name, shape in built["params"].items():
+            if ".mlp.experts." in name:
+                continue
+            layer = int(name.split(".")[2]) if name.startswith(LAYERS) else None
+            params.setdefault(layer, {})[name] = tuple(shape)
+        for layer in [None, *range(arch.layers)]:
+            assert params[layer] == expected[layer], f"{naming} spec, layer {layer}"
+        experts = {s.sharded_key("te"): s.global_shape(arch) for s in slots(arch) if s.role in EXPERT_ROLES}
+        assert set(built["expert_keys"]) == set(experts)
+        assert all(tuple(shape) == experts[key] for key, shape in built["expert_keys"].items() if shape)

@@ -112,7 +112,7 @@ def _stage_directly(checkout: Path) -> str:
 
 def test_stage_on_a_fresh_checkout_makes_the_standins_it_stages(up):
     out = _stage_directly(up["checkout"])  # no stand-ins there yet
-    assert "stand-ins in" in out and "4 artifact(s) (4 ran)" in out
+    assert "stand-ins in" in out and "3 artifact(s) (3 ran)" in out
 
 
 def test_the_rehearsal_staged_directly_then_submitted_is_a_cache_hit(up):
@@ -136,3 +136,24 @@ def test_the_headline_command_rehearses_on_simulated_nodes_saying_so(up):
     said = [line for line in out.splitlines() if "rehearsing" in line]
     assert len(said) == 1 and "simulated A4 nodes" in said[0] and "qwen3_next_local.yaml" in said[0], said
     assert "step stage: " in out or "staged artifacts" in out
+
+
+def test_local_status_then_local_down_stops_it(up):
+    """Last in the module: it stops the module's cluster the way a person does from another terminal."""
+    said = up["said"]
+    assert "python -m a4ray.qwen3_next" in said and "ddp_test" not in said  # the README's headline job
+    assert "local Ray cluster (a4ray local up) at" in said and "embedded" not in said
+    cli = [PYTHON, "-m", "a4ray.cli", "local"]
+    status = subprocess.run([*cli, "status"], cwd=up["checkout"], env=up["env"], capture_output=True, text=True,
+                            timeout=120)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"pid {up['head'].pid}" in status.stdout and "2 simulated a4-highgpu-8g node(s) x 1 GPUs" in status.stdout
+    assert f"dashboard and job API: {up['address']}" in status.stdout
+    down = subprocess.run([*cli, "down"], cwd=up["checkout"], env=up["env"], capture_output=True, text=True,
+                          timeout=180)
+    assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
+    assert up["head"].wait(timeout=30) == 0
+    assert not wait_gone(up["env"]["RAY_TMPDIR"])  # its nodes and head are gone with it
+    after = subprocess.run([*cli, "status"], cwd=up["checkout"], env=up["env"], capture_output=True, text=True,
+                           timeout=120)
+    assert after.returncode == 1 and "no a4ray local up is running" in after.stdout

@@ -55,6 +55,7 @@ def test_env_precedence_and_gib_overrides(tmp_path):
     assert e["NCCL_NET"] == "gIB"                                   # from the script
     assert e["NCCL_SOCKET_IFNAME"] == "eth0,eth1"                   # A4 override beats the script
     assert e["NCCL_TUNER_CONFIG_PATH"].endswith("tuner_config_a4.txtpb")
+    assert e["GLOO_SOCKET_IFNAME"] == "eth0"  # as 27 of gpu-recipes' 29 A4 training recipes set it
     assert e["NCCL_CROSS_NIC"] == "1"                               # workload beats gIB
     assert e["NCCL_IB_QPS_PER_CONNECTION"] == "2"                   # user beats everything
     assert e["NCCL_DEBUG"] == "INFO"

@@ -93,3 +93,52 @@ def test_restart_rules():
     assert not should_retry(failed(code=1), policy, 0)[0], "a crash before the first iteration looks like config"
     assert should_retry(failed(code=7), RestartSpec(max_restarts=1, retry_exit_codes=[7]), 0)[0]
     assert not should_retry(failed("lost"), RestartSpec(max_restarts=0), 0)[0]
+
+
+def test_the_stream_shows_each_warning_once_and_every_traceback_whole():
+    """What the driver streams of rank output (observe/stream.py), on lines as Python itself formats them:
+    `warnings.formatwarning` (what `warnings.warn` prints) and `traceback.format_exception`."""
+    import traceback
+    import warnings
+
+    from a4ray.observe.stream import StreamFilter
+    from a4ray.programs.record import RESULT_MARKER
+
+    warning = warnings.formatwarning("Transformer Engine and Apex are not installed.", UserWarning,
+                                     "/venv/megatron/core/optimizer/__init__.py", 24, "warnings.warn(").splitlines()
+    assert len(warning) == 2 and warning[1].startswith("  ")  # the message, then its source line
+    try:
+        {}["missing"]
+    except KeyError as error:
+        trace = "".join(traceback.format_exception(error)).splitlines()
+    stream = StreamFilter()
+    shown = []
+    for rank in ("n0 r0", "n0 r1", "n1 r2", "n1 r3"):
+        lines = [*warning, "WARNING:megatron.core.utils:fused kernels unavailable", MEGATRON,
+                 RESULT_MARKER + '{"loss": 1.0}', "a4ray.mcore: loaded model weights", *trace]
+        for text in lines:
+            if stream.show(rank, text, progress=parse_progress(text) is not None):
+                shown.append((rank, text))
+    texts = [text for _, text in shown]
+    assert texts.count(warning[0]) == 1 and warning[1] not in texts  # once, without its source line
+    assert texts.count("WARNING:megatron.core.utils:fused kernels unavailable") == 1
+    assert MEGATRON not in texts and not any(t.startswith(RESULT_MARKER) for t in texts)
+    assert texts.count("a4ray.mcore: loaded model weights") == 4
+    for rank in ("n0 r0", "n1 r3"):  # every rank's traceback, every line of it, indented lines too
+        assert [t for r, t in shown if r == rank][-len(trace):] == trace
+    assert stream.summary("/run/logs/train/rank-*.log") == (
+        "library warnings: 2 shown once above came again from 3 rank(s); every copy is in the rank logs "
+        "(/run/logs/train/rank-*.log)")
+    assert stream.summary("/run/logs/train/rank-*.log") is None  # said once
+    assert not stream.show("n0 r0", warning[0])  # a later launch of the run (a restart): not again
+    assert "1 shown once above came again from 1 rank(s)" in stream.summary("/run/logs/train/rank-*.log")
+
+
+def test_a_table_wraps_cells_at_spaces_never_inside_a_path():
+    from a4ray.core.console import table
+
+    path = "/tmp/run/.a4ray/ckpts/huggingface/Qwen3-Next-tiny-to-mcore/ae9633209ec8/" + "deep/" * 30 + "x"
+    detail = f"PASS: converted {path} (native, te naming) " + "and more words " * 20
+    text = table("pipeline", ["step", "detail"], [["convert", detail]])
+    assert any(path in line for line in text.splitlines())  # whole, on one line, however wide that makes it
+    assert all(line == line.rstrip() for line in text.splitlines())

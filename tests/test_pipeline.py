@@ -1,10 +1,10 @@
 """The local rehearsal end to end: `python -m a4ray.qwen3_next` with no cluster (the README's main command).
 
 One run in its own embedded cluster of 2 simulated nodes, every step for real: stand-ins staged with the
-real staging code; the Qwen3-Next stand-in converted natively (verified by its exact round trip: megatron-
-core builds its DeltaNet layers only with TE and FLA) and, for training, its Qwen3-MoE sibling (verified by
-logits too); the doctor; and the Megatron trainer (megatron-core GPTModel, expert parallelism across the
-two nodes, GPTDataset over the staged .bin/.idx) from the converted checkpoint, with one rank killed after
+real staging code; Qwen3-Next-tiny converted natively (verified by its exact round trip and by its logits
+against transformers' model); the doctor; and the Megatron trainer training Qwen3-Next-tiny itself
+(megatron-core GPTModel on its local layers, gated DeltaNet on mcore's torch reference, expert parallelism
+across the two nodes, GPTDataset over the staged .bin/.idx) from the converted checkpoint, with one rank killed after
 the first checkpoint: the restart policy relaunches the gang, training resumes at the next iteration from
 the newest checkpoint, the loss falls, every saved checkpoint loads back through megatron-core equal to
 what was saved, and the A4 plan is printed. Then, on the session cluster, the same spec again: every step
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -26,6 +27,7 @@ import pytest
 from a4ray.driver.main import main as pipeline_main
 from a4ray.pipeline.runner import PipelineResult
 from conftest import PYTHON, REPO, isolated_env
+from upstream import PAI_DLC_ENV, PAI_RUN_ARGS, pai_standin
 
 pytestmark = pytest.mark.slow
 PROFILE = str(REPO / "jobs" / "qwen3_next_local.yaml")
@@ -76,15 +78,16 @@ def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_clu
     assert "Ray tasks of the staging service" in steps["stage"]["runs"]
     assert PipelineResult.model_validate(result).model_dump(mode="json") == result  # the typed result, whole
 
-    # Qwen3-Next converted natively and verified tensor by tensor; its sibling converted too, by logits as well.
-    next_verdict, moe_verdict = steps["convert"]["detail"].splitlines()
-    assert "Qwen3-Next-tiny" in next_verdict and "round trip 154/154 HF tensors identical" in next_verdict
-    assert "logits not compared: megatron-core" in next_verdict
-    assert "Qwen3-MoE-tiny" in moe_verdict and "top-1 agreement 100.0%" in moe_verdict
-    assert "training its stand-in ckpts/huggingface/Qwen3-MoE-tiny instead" in out
+    # Qwen3-Next converted natively, verified tensor by tensor and by its logits; nothing stands in for it.
+    (verdict,) = steps["convert"]["detail"].splitlines()
+    assert "Qwen3-Next-tiny" in verdict and "round trip 154/154 HF tensors identical" in verdict
+    assert "top-1 agreement 100.0%" in verdict
+    assert not [line for line in out.splitlines() if "stand-in" in line and "train" in line] and "Qwen3-MoE" not in out
 
-    # The Megatron trainer from the converted checkpoint, expert parallel across the two nodes.
-    assert "a4ray.mcore: loaded model weights from " in out and "Qwen3-MoE-tiny-to-mcore" in out
+    # The Megatron trainer: Qwen3-Next-tiny from its converted checkpoint, expert parallel across the two nodes.
+    assert "a4ray.mcore: loaded model weights from " in out and "Qwen3-Next-tiny-to-mcore" in out
+    assert "a4ray.mcore: model: qwen3_next: 4 layers (3 gated DeltaNet, 1 gated attention)" in out
+    assert "gated delta rule: megatron-core's torch reference (torch_chunk_gated_delta_rule): no GPU" in out
     assert "ep 2 dp 2" in out and "distributed optimizer: on" in out
     # The killed rank failed the gang; the restart relaunched it and the trainer resumed from a checkpoint.
     train = steps["train"]["result"]
@@ -114,13 +117,18 @@ def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_clu
     assert (run_dir / "logs" / "train" / "node-01.log").is_file()
     assert (run_dir / "logs" / "preflight" / "node-00.log").is_file()  # every step writes under the one run dir
 
-    # What the same run launches on A4, node by node.
-    a4 = out[out.index("on A4, `python -m a4ray.qwen3_next`"):]
-    for rank in (0, 1):
-        assert (f"node {rank}: cd /mnt/Pai-Megatron-Patch/examples/qwen3_next && WORLD_SIZE=2 RANK={rank} "
-                f"KUBERNETES_CONTAINER_RESOURCE_GPU=8") in a4
-    assert a4.count("bash run_mcore_qwen3.sh dlc A3B 1 16 1e-05 1e-06 1024 1024 bf16 1 1 1 1 8 ") == 2
+    # The stream a person watches says each thing once (every line is in the logs).
+    _stream_says_each_thing_once(out, run_dir)
+    # What the same run launches on A4: one line pointing at the plan, which --dry-run prints node by node.
+    a4 = [line for line in out.splitlines() if line.startswith("on A4, ")]
+    assert len(a4) == 1 and a4[0].endswith("every node's command and env: python -m a4ray.qwen3_next --dry-run")
     assert f"train: checkpoint: {final}" in out
+    capsys.readouterr()
+    assert pipeline_main("qwen3_next", ["--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    for rank in (0, 1):
+        assert (f"node {rank}:\n    cd /mnt/Pai-Megatron-Patch/examples/qwen3_next\n    bash run_mcore_qwen3.sh dlc A3B 1 "
+                f"16 1e-05 1e-06 1024 1024 bf16 1 1 1 1 8 ") in plan
 
     # Again, on the session cluster: every step is current.
     monkeypatch.chdir(tmp_path)
@@ -128,7 +136,7 @@ def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_clu
                                         "train.megatron.check_save=true", "--result", "r2.json"]) == 0
     again = json.loads((tmp_path / "r2.json").read_text())
     assert [s["status"] for s in again["steps"]] == ["cached", "cached", "skipped", "cached"]
-    assert "OK: 4 artifact(s) (4 cached)" in again["steps"][0]["detail"]
+    assert "OK: 3 artifact(s) (3 cached)" in again["steps"][0]["detail"]
     assert again["steps"][3]["detail"].startswith("finished ")
 
     # --skip of a step whose outputs are missing: the pipeline stops there and names them.
@@ -138,13 +146,93 @@ def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_clu
                                         "--result", "r3.json"]) == 1
     skipped = json.loads((tmp_path / "r3.json").read_text())
     assert [s["status"] for s in skipped["steps"]] == ["skipped", "failed", "not-run", "not-run"]
-    assert skipped["steps"][0]["detail"] == "--skip stage; its outputs are there (6 checked)"
+    assert skipped["steps"][0]["detail"] == "--skip stage; its outputs are there (5 checked)"
     latest = tmp_path / ".a4ray" / "ckpts" / "none-yet" / "latest"
     assert skipped["steps"][1]["detail"] == (
         f"step convert is skipped (--skip convert), but its outputs are missing: the converted checkpoint "
         f"(convert.output/latest) ({latest}/latest_checkpointed_iteration.txt)\n  hint: run the convert step "
         f"(drop --skip convert)")
     assert "FAILED at convert: step convert is skipped" in capsys.readouterr().out
+
+
+def _stream_says_each_thing_once(out: str, run_dir: Path) -> None:
+    """A first rehearsal's stream: each library warning once, no raw iteration or result line, no NameError
+    as a skipped check's reason, one env summary per launch; the rank logs keep every line; and no
+    flight-recorder pipe directory of its launches is left in /tmp."""
+    lines = out.splitlines()
+    warnings = [line for line in lines if re.search(r"\w*Warning: ", line)]
+    assert warnings and len(warnings) == len({w.split("] ", 1)[-1] for w in warnings}), warnings
+    assert "library warnings: " in out and "every copy is in the rank logs" in out
+    assert "A4RAY_RESULT" not in out and "NameError" not in out and "Error: name" not in out
+    assert not [line for line in lines if line.startswith("[n") and _ITERATION.search(line)]
+    assert sum(line.startswith("a4ray: progress: iteration") for line in lines) <= 3 + 2  # one per 10, per attempt
+    assert not [line for line in lines if re.match(r"a4ray: \[n\d+\] env", line)]
+    assert "NCCL_DEBUG=INFO" in out and "[nccl_test]" not in out and "preflight all-reduce: NCCL_DEBUG=INFO" in out
+    assert "downloading" not in out  # every source is a local directory: copied, not downloaded
+    logged = "".join(log.read_text() for log in (run_dir / "logs" / "train").glob("rank-*.log"))
+    assert "A4RAY_RESULT" in logged and logged.count("Transformer Engine and Apex are not installed") > 2
+    _no_flight_recorder_pipes_left(run_dir)
+
+
+def _no_flight_recorder_pipes_left(run_dir: Path) -> None:
+    """Every launch of the run made its /tmp/a4ray-fr-<launch>/ (its node logs name it); none is left."""
+    pipes = {m for log in run_dir.glob("logs/*/node-*.log")
+             for m in re.findall(r"/tmp/a4ray-fr-[\w-]+", log.read_text())}
+    assert pipes and not [p for p in pipes if Path(p).exists()], pipes
+
+
+# A short rehearsal: a few iterations, no preflight (the doctor has its own tests), no verification.
+_SHORT = ["--skip", "preflight", "--set", "train.iterations=20", "--set", "train.warmup_iterations=1", "--set",
+          "train.save_interval=5", "--set", "observe.summary_every=1", "--set", "convert.verify.enabled=false"]
+
+
+def test_local_nodes_4_cancelled_then_resumed_and_3_on_the_session_cluster(tmp_path, local_cluster, monkeypatch,
+                                                                          capsys):
+    """`--local-nodes N` rehearses on N nodes: the profile derives its expert parallelism (it must divide the
+    models' 8 experts) and global batch from N. On 4 nodes, Ctrl-C at an iteration: the record says how far
+    train got, and nothing of the stopped ranks is streamed after "stopping"; the rerun resumes and finishes.
+    On 3 nodes (the session cluster), from the same staged and converted inputs."""
+    cmd = [PYTHON, "-m", "a4ray.qwen3_next", "--local-nodes", "4", *_SHORT]
+    env = isolated_env(tmp_path)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("a4ray: progress: iteration 7/"):  # a checkpoint at 5 is saved
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, _ = proc.communicate(timeout=300)
+    out = "".join(seen) + rest
+    assert proc.returncode == 130, out[-5000:]
+    assert "--local-nodes 4: train.megatron.parallel.ep=4" in out and "ep 4 dp 4" in out
+    assert "global batch 16 = micro 4 x dp 4" in out
+    after = out[out.index("a4ray: stopping "):]
+    assert not [line for line in after.splitlines() if line.startswith("[n")], after
+    (record,) = tmp_path.glob(".a4ray/runs/*/result.json")
+    steps = {s["name"]: s for s in json.loads(record.read_text())["steps"]}
+    assert steps["train"]["status"] == "cancelled", steps["train"]
+    reached = int(re.search(r"at iteration (\d+)", steps["train"]["detail"]).group(1))
+    assert 7 <= reached < 20 and f"a4ray: progress: iteration {reached}/20" in out  # the stream said it too
+    _no_flight_recorder_pipes_left(record.parent)
+
+    again = subprocess.run([*cmd, "--result", "r4.json"], cwd=tmp_path, env=isolated_env(tmp_path),
+                           capture_output=True, text=True, timeout=420)
+    assert again.returncode == 0, again.stdout[-5000:] + again.stderr[-2000:]
+    result = json.loads((tmp_path / "r4.json").read_text())
+    assert [s["status"] for s in result["steps"]] == ["cached", "cached", "skipped", "ran"]
+    train = result["steps"][3]["result"]
+    assert train["world_size"] == 4 and train["iterations"] == 20 and train["start_iteration"] >= 5
+
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert pipeline_main("qwen3_next", ["--local-nodes", "3", "--gpus-per-node", "1", *_SHORT, "--set",
+                                        "train.output=logs/on-3-nodes", "--result", "r3.json"]) == 0
+    out = capsys.readouterr().out
+    assert "train.megatron.parallel.ep=1" in out and "ep 1 dp 3" in out and "global batch 12" in out
+    result = json.loads((tmp_path / "r3.json").read_text())
+    assert [s["status"] for s in result["steps"]] == ["cached", "cached", "skipped", "ran"]
+    assert result["steps"][3]["result"]["world_size"] == 3
+    _no_flight_recorder_pipes_left(Path(result["run_dir"]))
 
 
 def test_a_converted_checkpoint_that_does_not_fit_the_model_is_refused_before_training(tmp_path, local_cluster,
@@ -193,10 +281,9 @@ def test_skipping_stage_in_an_empty_workspace_names_every_missing_artifact(tmp_p
     assert Path(result["run_dir"], "result.json").is_file()
 
 
-PAI_STUB = """#!/bin/bash
-# Stands in for Pai's run_mcore_qwen3.sh: reports what it was given, as the real one would read it.
-set -e
-echo "A4RAY_RESULT {\\"argc\\": $#, \\"env\\": \\"$1\\", \\"load\\": \\"${24}\\", \\"out\\": \\"${27}\\", \\
+# Stands in for Pai's run_mcore_qwen3.sh (made by tests/upstream.py's pai_standin, which refuses another
+# argument count than the pinned script's 27 or an unset dlc variable): reports what it was given.
+PAI_STUB = """echo "A4RAY_RESULT {\\"argc\\": $#, \\"env\\": \\"$1\\", \\"load\\": \\"${24}\\", \\"out\\": \\"${27}\\", \\
 \\"world\\": \\"$WORLD_SIZE\\", \\"rank\\": \\"$RANK\\", \\"gpus\\": \\"$KUBERNETES_CONTAINER_RESOURCE_GPU\\", \\
 \\"master\\": \\"$MASTER_ADDR:$MASTER_PORT\\", \\"cwd\\": \\"$(pwd)\\", \\"type\\": \\"$MP_DATASET_TYPE\\"}"
 echo " [2026-11-21 12:00:00] iteration        2/       2 | consumed samples: 4 | lm loss: 4.500000E+00 |"
@@ -210,7 +297,7 @@ def test_pai_launch_on_the_nodes_gets_its_arguments_and_the_dlc_contract(tmp_pat
     ws, ckpt = tmp_path / "ws", tmp_path / "ws" / "mcore" / "latest"
     script = ws / "Pai-Megatron-Patch" / "examples" / "qwen3_next" / "run_mcore_qwen3.sh"
     script.parent.mkdir(parents=True)
-    script.write_text(PAI_STUB)
+    pai_standin(script, args=len(PAI_RUN_ARGS), env=PAI_DLC_ENV, body=PAI_STUB)
     ckpt.mkdir(parents=True)
     for name in ("latest_checkpointed_iteration.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json",
                  "merges.txt"):

@@ -184,6 +184,7 @@ def test_swift_3_12_and_4x_train_from_hf_weights():
     assert flags["--output_dir"] == f"{WS}/megatron_output/Qwen3-30B-A3B-Instruct-2507"
     assert (flags["--num_train_epochs"], flags["--dataloader_num_workers"]) == ("1", "8")
     assert (flags["--save_steps"], flags["--eval_steps"], flags["--rpo_alpha"]) == ("200", "200", "0.1")
+    assert flags["--load_from_cache_file"] == "true"  # ms-swift's default is false from 3.10; a4ray passes true
     assert not {"--save", "--max_epochs", "--num_workers", "--save_interval"} & set(flags)
 
 
@@ -248,6 +249,10 @@ def test_the_a4_defaults_with_the_megatron_trainer_print_every_nodes_command_and
         assert "--load /mnt/ckpts/huggingface/Qwen3-Next-80B-A3B-Instruct-to-mcore/latest" in command
     assert "gib (auto): source /usr/local/gib/scripts/set_nccl_env.sh on each node" in out
     assert "layers: Transformer Engine's where it imports on the nodes" in out
+    # The model every rank builds, before anything is staged: the published config of what stages there.
+    assert ("model: qwen3_next: 48 layers (36 gated DeltaNet, 12 gated attention), hidden 2048, 16 heads / 2 KV "
+            "groups, 512 experts (top-10), a gated shared expert, vocab 151936 (from "
+            "Qwen/Qwen3-Next-80B-A3B-Instruct's published config.json)") in out
 
 
 def test_the_megatron_trainer_refuses_a_parallelism_the_model_cannot_take():

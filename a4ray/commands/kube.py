@@ -16,6 +16,7 @@ import argparse
 import shlex
 import time
 
+from a4ray.commands import summary
 from a4ray.core.console import say, table, warn
 from a4ray.core.errors import A4RayError, KubeError
 from a4ray.driver.main import error_exit
@@ -42,7 +43,7 @@ def _spec_options(p: argparse.ArgumentParser) -> None:
 def _kube_options(p: argparse.ArgumentParser, namespace: bool = False) -> None:
     p.add_argument("--context", help="kubeconfig context (default: the current one)")
     if namespace:
-        p.add_argument("-n", "--namespace", default="default")
+        p.add_argument("-n", "--namespace", default="default", help="Kubernetes namespace (default: %(default)s)")
 
 
 def _command(p: argparse.ArgumentParser) -> None:
@@ -51,7 +52,7 @@ def _command(p: argparse.ArgumentParser) -> None:
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
-    render = sub.add_parser("render", help="print the KubeRay manifest of a spec").add_subparsers(
+    render = sub.add_parser("render", help=summary("render")).add_subparsers(
         dest="what", required=True)
     cluster = render.add_parser("cluster", help="a RayCluster")
     job = render.add_parser("job", help="a RayJob (its own cluster, or --cluster NAME)")
@@ -64,13 +65,15 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     job.set_defaults(func=_render)
     charts = render.add_parser("grafana", help="a4ray's Grafana dashboard: a ConfigMap Grafana's sidecar loads, or "
                                "its JSON (--format json) to import")
-    charts.add_argument("--format", choices=("configmap", "json"), default="configmap")
+    charts.add_argument("--format", choices=("configmap", "json"), default="configmap",
+                        help="configmap: for Grafana's dashboard sidecar (labelled grafana_dashboard); json: the "
+                        "dashboard itself, to import by hand (default: %(default)s)")
     charts.add_argument("-n", "--namespace", default=GRAFANA_NAMESPACE, help="Grafana's namespace (default: "
                         "%(default)s, as KubeRay's Prometheus/Grafana guide installs it)")
     charts.add_argument("-o", "--output", metavar="FILE", help="write it here instead of stdout")
     charts.set_defaults(func=_render_grafana)
 
-    up = sub.add_parser("up", help="create the RayCluster of a spec and wait for its head")
+    up = sub.add_parser("up", help=summary("up"))
     _spec_options(up)
     _kube_options(up)
     up.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the cluster (default 1800)")
@@ -78,31 +81,31 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--dry-run", action="store_true", help="print the API calls and manifests; change nothing")
     up.set_defaults(func=_up)
 
-    down = sub.add_parser("down", help="delete a RayCluster (or --job RayJob) and its storage objects")
-    down.add_argument("name")
+    down = sub.add_parser("down", help=summary("down"))
+    down.add_argument("name", help="the RayCluster (or with --job, the RayJob) to delete")
     down.add_argument("--job", action="store_true", help="NAME is a RayJob")
     down.add_argument("--keep-storage", action="store_true", help="keep the PV/PVCs a4ray created")
     _kube_options(down, namespace=True)
-    down.add_argument("--dry-run", action="store_true")
+    down.add_argument("--dry-run", action="store_true", help="print the API calls it would make; delete nothing")
     down.set_defaults(func=_down)
 
-    status = sub.add_parser("status", help="a4ray's RayClusters and RayJobs, one line each")
-    status.add_argument("name", nargs="?")
+    status = sub.add_parser("status", help=summary("status"))
+    status.add_argument("name", nargs="?", help="one RayCluster or RayJob (default: all of a4ray's)")
     _kube_options(status, namespace=True)
     status.add_argument("--dry-run", action="store_true", help="print the API calls it would make")
     status.set_defaults(func=_status)
 
-    submit = sub.add_parser("submit", help="run a job: on a RayCluster (--cluster) or as a RayJob")
+    submit = sub.add_parser("submit", help=summary("submit"))
     _spec_options(submit)
     _kube_options(submit)
     submit.add_argument("--cluster", metavar="NAME", help="submit to this RayCluster through Ray's job API")
     submit.add_argument("--no-follow", action="store_true", help="return once submitted")
     submit.add_argument("--timeout", type=float, default=3600, help="seconds to wait for a RayJob's cluster")
-    submit.add_argument("--dry-run", action="store_true")
+    submit.add_argument("--dry-run", action="store_true", help="print the API calls and manifests; submit nothing")
     _command(submit)
     submit.set_defaults(func=_submit)
 
-    logs = sub.add_parser("logs", help="logs of a RayJob, or of a job on a RayCluster")
+    logs = sub.add_parser("logs", help=summary("logs"))
     logs.add_argument("name", help="a RayJob, or a RayCluster (then --job-id, default: its latest job)")
     logs.add_argument("--job-id", help="Ray job submission id")
     logs.add_argument("--follow", action="store_true", help="keep printing until the job ends")
@@ -244,11 +247,11 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     kube = _connect(args)
     rows = []
-    for kind, summary in (("RayCluster", cluster_summary), ("RayJob", job_summary)):
+    for kind, summarize in (("RayCluster", cluster_summary), ("RayJob", job_summary)):
         for obj in kube.list(kind, args.namespace):
             if args.name and obj["metadata"]["name"] != args.name:
                 continue
-            rows.append([kind, obj["metadata"]["name"], summary(obj), obj["metadata"].get("creationTimestamp", "")])
+            rows.append([kind, obj["metadata"]["name"], summarize(obj), obj["metadata"].get("creationTimestamp", "")])
     if not rows:
         say(f"no a4ray RayClusters or RayJobs{' named ' + args.name if args.name else ''} in {args.namespace}")
         return 1 if args.name else 0

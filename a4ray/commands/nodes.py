@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from a4ray.commands import summary
 from a4ray.core.errors import A4RayError
 from a4ray.core.node_history import NodeHistory, summarize
 from a4ray.driver import session
@@ -12,8 +13,7 @@ from a4ray.driver.main import error_exit
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("nodes", help="the workspace's node history: lost nodes, hang culprits, stragglers, "
-                       "doctor failures")
+    p = sub.add_parser("nodes", help=summary("nodes"))
     p.add_argument("--workspace", help="the workspace (default: this cluster's, else the local one)")
     p.add_argument("-v", "--verbose", action="store_true", help="every event, not one line per host")
     p.set_defaults(func=_show)

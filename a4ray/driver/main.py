@@ -133,6 +133,10 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
         rehearsable = JOB_KINDS[kind].rehearses_locally if kind in JOB_KINDS else False
         if config is None and not args.dry_run and rehearsable:
             config, rehearsing, conn = _rehearsal(kind, args.address)
+        shape = " ".join(f"{flag} {value}" for flag, value in (("--local-nodes", args.local_nodes),
+                                                                 ("--gpus-per-node", args.gpus_per_node)) if value)
+        if shape and rehearsal.is_local_profile(kind, config):  # the profile derives its parallelism from them
+            sets += rehearsal.fit_to_nodes(kind, config, sets, shape, make=not args.dry_run)
         spec = load_job(config, sets, kind=kind)
         job = command.job(spec, args) if command.job else job_for(spec)
         if args.dry_run:

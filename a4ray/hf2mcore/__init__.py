@@ -12,9 +12,9 @@ Backends: `native` (Ray tasks over layer ranges, Qwen3, Qwen3-MoE and Qwen3-Next
 distributed converter on every node), `swift` (ms-swift's `swift export --to_mcore`).
 
 Qwen3-Next converts natively to megatron-core's own hybrid GPTModel (`experimental_attention_variant=
-"gated_delta_net"`, TE names, torch_dist; `mapping` says how). Its verification is the exact round trip of
-every tensor: megatron-core builds the gated DeltaNet layers only with Transformer Engine and FLA's GPU
-kernels, so the CPU verifier reports "logits not compared" and why.
+"gated_delta_net"`, TE names, torch_dist; `mapping` says how). It is verified as the others are, by the
+exact round trip of every tensor and by its logits on the CPU (its layers on megatron-core's local ones,
+`a4ray.mcore.hybrid`); its MTP layer is not converted, and the result says so.
 
 `converter.ConvertWorkload` is the job: a cache check, the backend, verification, the atomic commit. A
 pipeline's convert step runs it on the pipeline's connection and run directory; `job.convert` is the

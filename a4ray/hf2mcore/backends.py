@@ -6,9 +6,10 @@ and the PAI-DLC env contract the script reads: `WORLD_SIZE` = node count, `RANK`
 `KUBERNETES_CONTAINER_RESOURCE_GPU` = GPUs per node, `MASTER_ADDR`, `MASTER_PORT` (it runs one torchrun
 per node itself). It needs Transformer Engine and GPUs, and writes `release/` with TE naming.
 
-swift: `swift export --model <hf> --to_mcore true --torch_dtype <dtype> --output_dir <dir>` on one node;
-with several GPUs, `megatron export ... --to_mcore true` with `NPROC_PER_NODE` (ms-swift >= 3.11; 4.x
-names the output `--output_dir`, 3.x `--save`). From 4.0 on ms-swift trains from the HF weights directly
+swift: `swift export --model <hf> --to_mcore true --torch_dtype <dtype> --output_dir <dir> --exist_ok true` on
+one node (`<dir>` is the conversion's temporary, which exists already); with several GPUs, `megatron export ...
+--to_mcore true --exist_ok true` with `NPROC_PER_NODE` (ms-swift >= 3.10; 4.x names the output `--output_dir`,
+3.x `--save`). From 4.0 on ms-swift trains from the HF weights directly
 (mcore-bridge), so the offline conversion is skipped unless forced.
 
 Sources: ../shared/research/workloads.md sections 1.4 and 2.3.
@@ -32,6 +33,12 @@ PAI_SIZES = {
     ("Qwen3MoeForCausalLM", 48, 2048, 128): "A3B", ("Qwen3MoeForCausalLM", 94, 4096, 128): "A22B",
     ("Qwen3NextForCausalLM", 48, 2048, 512): "A3B",
 }
+# The output directory is the conversion's fresh temporary, which cache.py creates (with its owner file) before
+# the command runs; ms-swift's export refuses an existing output directory unless told (`exist_ok` defaults to
+# false: v3.8.0 swift/llm/argument/export_args.py L67/L95-96, v4.5.2 swift/megatron/arguments/export_args.py
+# L23/L37-38).
+EXIST_OK = ("--exist_ok", "true")
+MEGATRON_EXPORT_FROM = (3, 10)  # the first tag with swift/cli/_megatron/export.py
 _PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
@@ -48,11 +55,21 @@ def pai_model(config: dict, pai: PaiConvertSpec, source: str) -> tuple[str, str]
             f"(they define: {', '.join(known)})",
             hint="use backend: native for Qwen3 / Qwen3-MoE / Qwen3-Next, or set convert.pai.model_size and "
                  "convert.pai.script")
-    if pai.script:
-        return size, pai.script
+    return size, pai.script or pai_script(arch, size)
+
+
+def pai_planned_size(script: str) -> str:
+    """MODEL_SIZE for a plan made before config.json is readable: the size, where the script defines only one."""
+    sizes = {size for (arch, *_), size in PAI_SIZES.items() if pai_script(arch, size) == script}
+    return sizes.pop() if len(sizes) == 1 else "<MODEL_SIZE from config.json>"
+
+
+def pai_script(arch: str, size: str) -> str:
+    """The converter script (relative to the toolkit) that defines this model: Qwen3-Next has its own
+    (`--synchronizer qwen3_next`, Megatron-LM-250908), Qwen3 and Qwen3-MoE share one, A22B needs 16 GPUs."""
     if arch == "Qwen3NextForCausalLM":
-        return size, "scripts/qwen3_next/run_8xH20.sh"
-    return size, "scripts/qwen3/run_A22B_16xH20.sh" if size == "A22B" else "scripts/qwen3/run_8xH20.sh"
+        return "scripts/qwen3_next/run_8xH20.sh"
+    return "scripts/qwen3/run_A22B_16xH20.sh" if size == "A22B" else "scripts/qwen3/run_8xH20.sh"
 
 
 def precision_name(precision: str, config_dtype: str) -> str:
@@ -88,7 +105,7 @@ def swift_skip_reason(swift: SwiftConvertSpec) -> str | None:
 
 
 def swift_check(swift: SwiftConvertSpec) -> list[str]:
-    if swift.nproc_per_node > 1 and _version(swift.version) < (3, 11):
+    if swift.nproc_per_node > 1 and _version(swift.version) < MEGATRON_EXPORT_FROM:
         return [f"convert.swift.nproc_per_node={swift.nproc_per_node}: ms-swift {swift.version} has no "
                 "`megatron export`; its `swift export` converts in one process (set nproc_per_node=1)"]
     return []
@@ -100,12 +117,12 @@ def swift_launch(node: NodeContext, c: ConvertSpec, input_dir: str, save_dir: st
     check = ["--test_convert_precision", "true"] if s.test_convert_precision else []
     if s.nproc_per_node == 1:
         argv = ["swift", "export", "--model", input_dir, "--to_mcore", "true", "--torch_dtype", dtype,
-                "--output_dir", save_dir, *check]
+                "--output_dir", save_dir, *EXIST_OK, *check]
         return Launch(argv=argv, env={})
     output_flag = "--output_dir" if _version(s.version) >= (4,) else "--save"
     argv = ["megatron", "export", "--model", input_dir, output_flag, save_dir, "--to_mcore", "true",
             "--torch_dtype", dtype, "--tensor_model_parallel_size", str(s.tensor_model_parallel_size),
             "--expert_model_parallel_size", str(s.expert_model_parallel_size),
-            "--pipeline_model_parallel_size", str(s.pipeline_model_parallel_size), *check]
+            "--pipeline_model_parallel_size", str(s.pipeline_model_parallel_size), *EXIST_OK, *check]
     # swift's launcher execs torchrun with these (swift/cli/main.py); one node, the gang's port.
     return Launch(argv=argv, env={"NPROC_PER_NODE": str(s.nproc_per_node), "MASTER_PORT": str(node.master_port)})

@@ -35,7 +35,6 @@ CONVERTER_VERSION = 1  # bump when the native writer's output changes for the sa
 class VerifyReport(BaseModel):
     ok: bool
     logits_checked: bool = False
-    logits_skipped: str = ""  # why the logits were not compared where that is no failure (the model cannot run here)
     max_abs_diff: float | None = None
     max_rel_diff: float | None = None
     logits_scale: float | None = None
@@ -64,8 +63,6 @@ class VerifyReport(BaseModel):
                          + (f", {self.tensors_rounded} equal up to the rounding of the zero-centred norm shift "
                             "(the checkpoint holds exactly the mapping's value)" if self.tensors_rounded else "")
                          + (f" (max |diff| {self.round_trip_max_diff:.3g})" if self.round_trip_max_diff else ""))
-        if self.logits_skipped:
-            parts.append(f"logits not compared: {self.logits_skipped}")
         return "; ".join(parts + self.problems) or "nothing checked"
 
 

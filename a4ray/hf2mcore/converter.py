@@ -39,7 +39,7 @@ from a4ray.hf2mcore.cache import (
     write_record,
 )
 from a4ray.hf2mcore.hf import HFCheckpoint, fingerprint
-from a4ray.hf2mcore.mapping import hf_tensors, torch_dtype
+from a4ray.hf2mcore.mapping import dropped, hf_tensors, torch_dtype
 from a4ray.hf2mcore.writer import TRACKER
 from a4ray.mcore.architecture import Architecture
 from a4ray.runtime.connect import Connection
@@ -180,8 +180,9 @@ class ConvertWorkload(Workload[ConvertJob]):
         c = self.spec.convert
         dtype = self.dtype_name or str(self.config.get("dtype") or self.config.get("torch_dtype") or "bfloat16")
         if c.backend == "pai":
+            script = c.pai.script or "scripts/qwen3/run_8xH20.sh"
             model = backends.pai_model(self.config, c.pai, f"input {self.paths.input}") if self.config else \
-                (c.pai.model_size or "<MODEL_SIZE from config.json>", c.pai.script or "scripts/qwen3/run_8xH20.sh")
+                (c.pai.model_size or backends.pai_planned_size(script), script)
             return backends.pai_launch(node, c, self.paths.repo, model, self.paths.input, self.paths.save, dtype)
         if c.backend == "swift":
             return backends.swift_launch(node, c, self.paths.input, self.paths.save, dtype)
@@ -277,9 +278,16 @@ class ConvertWorkload(Workload[ConvertJob]):
         checked = f"; verified: {report.summary()}" if report else "; not verified"
         verdict = (f"PASS: converted {job.source} -> {final} ({c.backend}, {c.naming} naming, {c.format}, "
                    f"{self.dtype_name}): wrote {native.size(written)} in {write_s:.1f}s "
-                   f"({written / 1e6 / write_s:.0f} MB/s; {seconds:.1f}s in all){checked}")
+                   f"({written / 1e6 / write_s:.0f} MB/s; {seconds:.1f}s in all){checked}{self._dropped(job)}")
         return ConvertResult(ok=True, status="ran", backend=c.backend, verdict=verdict, checkpoint=str(final),
                              key=job.key, seconds=seconds, bytes=written, parts=parts, verify=report)
+
+    def _dropped(self, job: _Job) -> str:
+        """`; ` + what of the HF checkpoint the native conversion leaves out, said once (or "")."""
+        note = dropped(job.arch, list(job.hf.tensors)) if job.arch and self.spec.convert.backend == "native" else None
+        if note:
+            say(f"convert: {note}")
+        return f"; {note}" if note else ""
 
     def _options(self, dtype) -> dict:
         """What changes the bytes written, and so the cache key (not: node counts, tasks, rate caps)."""
@@ -295,7 +303,10 @@ class ConvertWorkload(Workload[ConvertJob]):
 
     def _cached(self, job: _Job, record: ConvertRecord, t0: float) -> ConvertResult:
         c, out = self.spec.convert, job.out
-        if c.verify_enabled and not (record.verify and record.verify.ok):
+        # A conversion verified without its logits where they are asked for (Qwen3-Next's, before a4ray ran its
+        # layers on CPUs) is verified again.
+        if c.verify_enabled and not (record.verify and record.verify.ok and (record.verify.logits_checked
+                                                                             or not c.verify.logits)):
             say(f"convert: cached conversion {out.final} was not verified; verifying it now")
             report = self._verify(out.final, job.source, job.verify_arch)
             if not report.ok:
@@ -306,7 +317,8 @@ class ConvertWorkload(Workload[ConvertJob]):
             write_record(out.final, record)
         out.point_latest()
         checked = f"; verified: {record.verify.summary()}" if record.verify else ""
-        verdict = f"PASS: cache hit: {out.final} (converted {record.created}, key {record.key[:12]}){checked}"
+        verdict = (f"PASS: cache hit: {out.final} (converted {record.created}, key {record.key[:12]}){checked}"
+                   f"{self._dropped(job)}")
         say("convert: cache hit: same input, backend, options and versions; nothing to convert")
         return ConvertResult(ok=True, status="cached", backend=c.backend, verdict=verdict, checkpoint=str(out.final),
                              key=record.key, seconds=time.monotonic() - t0, bytes=record.bytes, verify=record.verify)
@@ -356,8 +368,6 @@ class ConvertWorkload(Workload[ConvertJob]):
                                          strict_keys=c.backend == "native"))
         except Exception as error:  # noqa: BLE001 - a crashed verifier is a failed verification
             report = VerifyReport(ok=False, problems=[f"the verification task failed: {native.why_failed(error)}"])
-        if report.logits_skipped:
-            say(f"convert: verify: logits: skipped: {report.logits_skipped}")
         say(f"convert: verify {'passed' if report.ok else 'FAILED'} on {report.node or '?'} in "
             f"{report.duration_s:.1f}s: {report.summary()}")
         return report

@@ -13,10 +13,11 @@ Qwen3-Next is megatron-core's own hybrid GPTModel (`experimental_attention_varia
 each layer's tensors by its index (`decoder.layers.<l>.…`, `non_homogeneous_layers`) instead of stacking
 them, and splits two of them into parts in torch_dist (`in_proj.weight.{query,key,value,z,beta,alpha}`,
 `conv1d.weight.{query,key,value}`: `GatedDeltaNet.sharded_state_dict`), each part a slot of its own.
-mcore builds it with the Transformer Engine spec only, so it has TE names and converts to torch_dist only.
+It has TE's names in both layer specs (megatron-core's TE one; a4ray's local one, `a4ray.mcore.hybrid`,
+names every tensor alike) and converts to torch_dist only.
 Its norms are zero-centred (HF and mcore store w for a scale of 1 + w) except the DeltaNet's gated output
-norm, which HF stores as the scale itself: that slot is the HF tensor shifted by -1 (`Slot.shift`). MTP
-weights (`mtp.*`) are not converted: the model is built without MTP layers.
+norm, which HF stores as the scale itself: that slot is the HF tensor shifted by -1 (`Slot.shift`). Its
+multi-token-prediction layer (`mtp.*`) is not converted, and the convert result says so (`dropped`).
 Names and layouts: mcore 0.16.1's `ssm/gated_delta_net.py`, `transformer/attention.py` (gated QKV) and
 `models/gpt/experimental_attention_variant_module_specs.py` (the same in 0.19), read against transformers'
 `modeling_qwen3_next.py`; Megatron-Bridge's Qwen3-Next bridge maps the same tensors the same way.
@@ -87,12 +88,12 @@ class Slot:
         return f"layer {self.layer}" if self.layer is not None else ("embedding" if self.role == "embed" else "head")
 
     def sharded_key(self, naming: Naming) -> str:
-        key = names(self.role, naming)[0]
+        key = names(self.role, naming, hybrid=self.layer_keys)[0]
         # mcore's non_homogeneous_layers: the layer's own prefix in place of the stacked one.
         return key.replace(LAYERS, f"{LAYERS}{self.layer}.", 1) if self.layer_keys else key
 
     def state_key(self, naming: Naming) -> str:
-        return names(self.role, naming)[1].format(l=self.layer, e=self.expert)
+        return names(self.role, naming, hybrid=self.layer_keys)[1].format(l=self.layer, e=self.expert)
 
     def stack(self, arch: Architecture) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(offsets, sizes) of the stacking dims this slot sits at: (layer[, expert]) in (L[, E]); only
@@ -213,6 +214,19 @@ def _mlp(arch: Architecture, p: str, make) -> list[Slot]:
             make("shared_gate", (1, H), (p + "mlp.shared_expert_gate.weight", (1, H))),
         ]
     return out
+
+
+def dropped(arch: Architecture, names: list[str]) -> str | None:
+    """One line on the HF tensors of `names` the conversion leaves out, and why (None: it converts all).
+    Qwen3-Next checkpoints carry a multi-token-prediction layer (`mtp.*`, used for speculative decoding
+    and as an extra training loss), which transformers' model does not load either: a4ray builds the model
+    without MTP (megatron-core's `mtp_num_layers` unset), so the logits check has nothing to hold it to."""
+    mtp = [n for n in names if n.startswith("mtp.")]
+    if not mtp:
+        return None
+    return (f"not converted: {len(mtp)} tensor(s) of {arch.family}'s multi-token-prediction layer (mtp.*): the "
+            "megatron-core model is built without MTP (mtp_num_layers unset), as transformers' model is; pretraining "
+            "from this checkpoint starts without the MTP loss")
 
 
 def hf_tensors(arch: Architecture) -> dict[str, tuple[int, ...]]:

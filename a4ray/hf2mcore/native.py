@@ -77,14 +77,7 @@ class NativePlan:
         return max(p.peak for p in self.parts)
 
     def describe(self) -> list[str]:
-        a = self.arch
-        full = sum(a.full_attention(layer) for layer in range(a.layers))
-        model = (f"{a.family}: {a.layers} layers"
-                 + (f" ({a.layers - full} gated DeltaNet, {full} gated attention)" if a.hybrid else "")
-                 + f", hidden {a.hidden}, {a.heads} heads / {a.groups} KV groups"
-                 + (f", {a.experts} experts (top-{a.topk})" if a.moe else "")
-                 + (", a gated shared expert" if a.shared_ffn else "") + f", vocab {a.vocab}"
-                 + (", tied embeddings" if a.tied else ""))
+        model = self.arch.describe()
         lines = [model, f"writes {self.format} ({self.naming} naming, {str(self.dtype).removeprefix('torch.')}), "
                  f"{size(self.nbytes)} in {len(self.parts)} part(s) on {self.nodes} node(s) x "
                  f"{self.tasks_per_node} task(s), up to {size(self.task_memory)} memory per task"]

@@ -7,15 +7,17 @@
 * logits: the checkpoint is loaded into a megatron-core `GPTModel` built from the same config, and its
   logits on a few fixed token sequences are compared with the HF model's, both in fp32. The load must
   also find every key the model asks for, and (a4ray's own output) the checkpoint must hold nothing a
-  model of its naming does not ask for. Where megatron-core cannot build or run the model here
-  (Qwen3-Next: its GatedDeltaNet needs Transformer Engine's spec and FLA's GPU kernels), the logits are
-  not compared and the report says why (`logits_skipped`); the round trip still decides.
+  model of its naming does not ask for. Qwen3-Next too: megatron-core's local layers build it here
+  (`a4ray.mcore.hybrid`), its gated delta rule on megatron-core's torch reference; a mapping error the
+  round trip cannot see (a swapped in_proj group, a missing norm shift, a gate swapped with its query)
+  shows here, and the verdict names the tensors of the first layer whose output departs from the HF model's.
 
 `run` is what the verification Ray task executes; it needs megatron-core (CPU shims in `a4ray.mcore.shims`).
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from pathlib import Path
@@ -178,16 +180,9 @@ def _stored_dtype(ckpt: Path, fmt: str) -> torch.dtype:
 
 
 def _naming(arch: Architecture) -> Naming:
-    """The layer spec the verifier builds its model with: local (it runs on the CPU, where Transformer
-    Engine's layers do not), or TE for Qwen3-Next, whose hybrid block mcore builds with no other."""
-    return "te" if arch.hybrid else "local"
-
-
-def _why_not(arch: Architecture, error: BaseException) -> str:
-    """One line: why megatron-core's model of `arch` could not be built or run here."""
-    cause = _last_line(error, limit=200)
-    missing = mcore_model.unbuildable(arch)
-    return f"{missing} ({cause})" if missing else f"megatron-core cannot run {arch.family} here: {cause}"
+    """The layer spec the verifier builds its model with: megatron-core's local layers (it runs on the CPU,
+    where Transformer Engine's do not; Qwen3-Next's on `a4ray.mcore.hybrid`, with TE's names)."""
+    return "local"
 
 
 def _load_into(model, ckpt: Path, arch: Architecture, naming: Naming, fmt: str, report: VerifyReport) -> None:
@@ -239,13 +234,7 @@ def _logits(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: Naming, fm
         report.problems.append(f"logits: rope_type {arch.rope_type!r} is not modelled by the verifier; "
                                "set convert.verify.logits=false")
         return
-    try:
-        model = mcore_model.gpt_model(arch, naming=_naming(arch))
-    except Exception as error:  # noqa: BLE001 - a model megatron-core cannot build here is not compared
-        if not arch.hybrid:
-            raise
-        report.logits_skipped = _why_not(arch, error)
-        return
+    model = mcore_model.gpt_model(arch, naming=_naming(arch))
     try:
         _load_into(model, ckpt, arch, naming, fmt, report)
     except _READ_ERRORS as error:  # a checkpoint the model cannot load fails the check
@@ -261,19 +250,16 @@ def _logits(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: Naming, fm
                                f"naming asks for: {', '.join(report.unexpected_keys[:5])}")
     tokens = torch.randint(0, arch.vocab, (spec.sequences, spec.seq_len), generator=torch.Generator().manual_seed(0))
     positions = torch.arange(spec.seq_len).expand(spec.sequences, -1)
+    our_taps, their_taps = _Taps(), _Taps()
     with torch.no_grad():
-        try:
-            ours = model(input_ids=tokens, position_ids=positions, attention_mask=shims.causal_mask(spec.seq_len))
-        except Exception as error:  # noqa: BLE001 - built, yet its layers do not run here (GPU kernels)
-            if not arch.hybrid:
-                raise
-            report.logits_skipped = _why_not(arch, error)
-            return
+        our_taps.tap_mcore(model)
+        ours = model(input_ids=tokens, position_ids=positions, attention_mask=shims.causal_mask(spec.seq_len))
         del model
         # The reference holds the weights rounded as the checkpoint stores them, then computes in fp32 too.
         reference = AutoModelForCausalLM.from_pretrained(hf.path, dtype=_stored_dtype(ckpt, fmt),
-                                                         attn_implementation="eager")
-        theirs = reference.float().eval()(input_ids=tokens).logits
+                                                         attn_implementation="eager").float().eval()
+        their_taps.tap_hf(reference)
+        theirs = reference(input_ids=tokens).logits
     diff = (ours.float() - theirs.float()).abs().max().item()
     peak = theirs.abs().max().item()
     report.logits_checked = True
@@ -283,4 +269,57 @@ def _logits(ckpt: Path, hf: HFCheckpoint, arch: Architecture, naming: Naming, fm
     report.top1_agreement = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
     if not diff <= spec.tolerance * max(1.0, peak):
         report.problems.append(f"logits: max |diff| {diff:.3g} is above the tolerance {spec.tolerance:g} "
-                               f"x scale {max(1.0, peak):.3g}")
+                               f"x scale {max(1.0, peak):.3g}" + _first_departure(our_taps, their_taps, arch, spec))
+
+
+class _Taps:
+    """What each layer's mixer (attention / gated DeltaNet) and MLP put out in one forward pass, as
+    [batch, seq, hidden] in fp32, keyed (layer, 0 mixer | 1 MLP) in model order; (-1, 0): the embedding."""
+
+    def __init__(self):
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+
+    def _tap(self, module, key: tuple[int, int], seq_first: bool) -> None:
+        def keep(_module, _inputs, output):
+            output = output[0] if isinstance(output, tuple) else output
+            # a copy: megatron-core adds the residual into the output in place afterwards
+            self.outputs[key] = (output.transpose(0, 1) if seq_first else output).detach().float().clone()
+
+        module.register_forward_hook(keep)
+
+    def tap_mcore(self, model) -> None:  # megatron-core computes [seq, batch, hidden]
+        self._tap(model.embedding, (-1, 0), True)
+        for i, layer in enumerate(model.decoder.layers):
+            self._tap(layer.self_attention, (i, 0), True)
+            self._tap(layer.mlp, (i, 1), True)
+
+    def tap_hf(self, model) -> None:
+        self._tap(model.model.embed_tokens, (-1, 0), False)
+        for i, layer in enumerate(model.model.layers):
+            self._tap(getattr(layer, "linear_attn", None) or layer.self_attn, (i, 0), False)
+            self._tap(layer.mlp, (i, 1), False)
+
+
+def _first_departure(ours: _Taps, theirs: _Taps, arch: Architecture, spec: VerifySpec) -> str:
+    """`; ` + which HF tensors feed the first module whose output departs from the HF model's (every later
+    one sees a different input), or "" if none does (then the final norm or the output head)."""
+    for key in sorted(theirs.outputs):
+        a, b = ours.outputs.get(key), theirs.outputs[key]
+        if a is None or a.shape != b.shape:
+            continue
+        diff, scale = (a - b).abs().max().item(), b.abs().max().item()
+        if diff <= spec.tolerance * max(1.0, scale):
+            continue
+        layer, part = key
+        if layer < 0:
+            where, feeding = "the embedding", ["model.embed_tokens.weight"]
+        else:
+            module = "mlp" if part else ("self_attn" if arch.full_attention(layer) else "linear_attn")
+            norm = "post_attention_layernorm" if part else "input_layernorm"
+            prefixes = (f"model.layers.{layer}.{module}.", f"model.layers.{layer}.{norm}.")
+            feeding = sorted({re.sub(r"\.experts\.\d+\.", ".experts.*.", name) for slot in slots(arch)
+                              if slot.layer == layer for name, _ in slot.sources if name.startswith(prefixes)})
+            where = f"layer {layer}'s {module}"
+        return (f"; {where} is the first to depart from the HF model's (max |diff| {diff:.3g} at scale "
+                f"{scale:.3g}): one of {', '.join(feeding)} is mapped wrongly")
+    return "; no layer departs: the final norm (model.norm.weight) or the output head (lm_head.weight)"

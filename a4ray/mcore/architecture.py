@@ -19,6 +19,23 @@ NATIVE_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwe
 # Qwen3-Next's layer kinds (HF `layer_types`).
 FULL_ATTENTION, LINEAR_ATTENTION = "full_attention", "linear_attention"
 
+# The config.json of models the recipes stage, as published, for plans made before the model is staged
+# (a dry run of the A4 defaults): the fields `Architecture.from_config` reads. Qwen/Qwen3-Next-80B-A3B-Instruct:
+# ../shared/research/workloads.md section 4 (its config.json on the Hub, and Pai's run_mcore_qwen3.sh A3B block).
+PUBLISHED_CONFIGS = {
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": {
+        "architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 48, "hidden_size": 2048,
+        "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "intermediate_size": 5120,
+        "vocab_size": 151936, "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 10000000,
+        "partial_rotary_factor": 0.25, "max_position_embeddings": 262144, "full_attention_interval": 4,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16, "linear_num_value_heads": 32, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "num_experts": 512,
+        "num_experts_per_tok": 10, "norm_topk_prob": True, "router_aux_loss_coef": 0.001, "dtype": "bfloat16",
+    },
+}
+
+
 @dataclass(frozen=True)
 class Architecture:
     """The shape of a Qwen3 / Qwen3-MoE / Qwen3-Next model, read from its HF config.json."""
@@ -65,6 +82,16 @@ class Architecture:
         """q_proj also yields a sigmoid output gate per head (Qwen3-Next; mcore's attention_output_gate)."""
         return self.family == "qwen3_next"
 
+    def describe(self) -> str:
+        """One line: the model's shape (its layer kinds, experts, shared expert)."""
+        full = sum(self.full_attention(layer) for layer in range(self.layers))
+        return (f"{self.family}: {self.layers} layers"
+                + (f" ({self.layers - full} gated DeltaNet, {full} gated attention)" if self.hybrid else "")
+                + f", hidden {self.hidden}, {self.heads} heads / {self.groups} KV groups"
+                + (f", {self.experts} experts (top-{self.topk})" if self.moe else "")
+                + (", a gated shared expert" if self.shared_ffn else "") + f", vocab {self.vocab}"
+                + (", tied embeddings" if self.tied else ""))
+
     def full_attention(self, layer: int) -> bool:
         return not self.hybrid or self.layer_types[layer] == FULL_ATTENTION
 
@@ -97,8 +124,8 @@ class Architecture:
         """What of a conversion target (`convert.naming` / `convert.format`) mcore has no model for."""
         if not self.hybrid:
             return []
-        return ([f"convert.naming={naming}: megatron-core builds Qwen3-Next with the Transformer Engine spec "
-                 "only (its hybrid block spec asserts transformer_impl=transformer_engine); use naming te"]
+        return ([f"convert.naming={naming}: Qwen3-Next has one naming, Transformer Engine's: megatron-core's TE "
+                 "spec and a4ray's local one (a4ray.mcore.hybrid) name its tensors alike; use naming te"]
                 if naming != "te" else []) + (
                 [f"convert.format={fmt}: Qwen3-Next converts to torch_dist only (the legacy state dict holds "
                  "the DeltaNet projections fused, torch_dist in parts)"] if fmt != "torch_dist" else [])

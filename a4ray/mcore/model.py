@@ -13,8 +13,10 @@ converter writes (`naming`, `a4ray.mcore.names`):
 Qwen3 and Qwen3-MoE: GQA, QK-norm, RoPE, SwiGLU, routed experts with a softmax top-k router (and its
 load-balancing loss when training). Qwen3-Next is mcore's hybrid block (`experimental_attention_variant=
 "gated_delta_net"`, `linear_attention_freq`): gated DeltaNet and gated attention layers, zero-centred
-norms, partial RoPE, a gated shared expert. megatron-core builds that block only with the Transformer
-Engine spec, and its GatedDeltaNet only with FLA's GPU kernels (`unbuildable` says what is missing).
+norms, partial RoPE, a gated shared expert. With Transformer Engine it is megatron-core's own hybrid block
+spec; without, the same block on megatron-core's local layers (`a4ray.mcore.hybrid`), with the same
+parameter names. Its gated delta rule runs on FLA's kernel or megatron-core's torch reference, whichever is
+right here (`hybrid.delta_rule_path`, named in the trainer's log).
 
 Dtype: bf16 on GPUs (params in bf16 inside mcore's Float16Module, fp32 main params in the optimizer, as
 Megatron-LM does), fp32 on the CPU. megatron-core is imported inside the functions: importing this module
@@ -27,7 +29,7 @@ import dataclasses
 import importlib.util
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.distributed as dist
@@ -36,13 +38,10 @@ import torch.nn.functional as F
 from a4ray.core.errors import UnsupportedModel
 from a4ray.mcore import shims
 from a4ray.mcore.architecture import Architecture, Naming
+from a4ray.mcore.hybrid import delta_rule_path, local_block_spec
 
 if TYPE_CHECKING:
     from megatron.core.transformer import TransformerConfig
-
-# What megatron-core's Qwen3-Next needs besides itself: (what, importable module).
-_HYBRID_NEEDS = (("Transformer Engine", "transformer_engine"), ("FLA", "fla"))
-
 
 @dataclasses.dataclass(frozen=True)
 class Parallel:
@@ -60,23 +59,9 @@ def have_te() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def default_naming(arch: Architecture | None = None) -> Naming:
-    """Transformer Engine's layers where TE imports (and always for Qwen3-Next), else mcore's local ones."""
-    return "te" if have_te() or (arch is not None and arch.hybrid) else "local"
-
-
-def unbuildable(arch: Architecture) -> str | None:
-    """Why megatron-core cannot build `arch`'s model here (None: it can)."""
-    if not arch.hybrid:
-        return None
-    missing = [what for what, module in _HYBRID_NEEDS if importlib.util.find_spec(module) is None]
-    if not missing:
-        return None
-    import megatron.core
-
-    return (f"megatron-core {megatron.core.__version__} builds {arch.family}'s gated DeltaNet layers only with "
-            f"Transformer Engine (its hybrid block spec) and FLA (its Triton GPU kernels), and {' and '.join(missing)} "
-            f"{'is' if len(missing) == 1 else 'are'} not installed here")
+def default_naming() -> Naming:
+    """Transformer Engine's layers where TE imports, else mcore's local ones (Qwen3-Next's too)."""
+    return "te" if have_te() else "local"
 
 
 def _dtype(dtype: torch.dtype | None) -> torch.dtype:
@@ -85,12 +70,13 @@ def _dtype(dtype: torch.dtype | None) -> torch.dtype:
 
 def transformer_config(arch: Architecture, *, training: bool = False, parallel: Parallel = Parallel(),
                        naming: Naming | None = None, dtype: torch.dtype | None = None,
-                       aux_loss_coeff: float = 1e-3) -> TransformerConfig:
+                       aux_loss_coeff: float = 1e-3, kernel: Literal["fla", "torch"] | None = None) -> TransformerConfig:
     """mcore's TransformerConfig for `arch`. `training`: the router's load-balancing (aux) loss with
-    `aux_loss_coeff` (HF `router_aux_loss_coef`); otherwise none, as for a logits comparison."""
+    `aux_loss_coeff` (HF `router_aux_loss_coef`); otherwise none, as for a logits comparison. `kernel`:
+    Qwen3-Next's gated delta rule (default: `delta_rule_path`'s choice for `training`)."""
     from megatron.core.transformer import TransformerConfig
 
-    naming = naming or default_naming(arch)
+    naming = naming or default_naming()
     dtype = _dtype(dtype)
     moe = {}
     if arch.moe:
@@ -106,6 +92,8 @@ def transformer_config(arch: Architecture, *, training: bool = False, parallel: 
             moe_router_dtype="fp32",
         )
     hybrid = arch.hybrid_settings()
+    if arch.hybrid:  # megatron-core's deterministic_mode runs its torch reference of the gated delta rule
+        hybrid["deterministic_mode"] = (kernel or delta_rule_path(training).kernel) == "torch"
     settings = dict(
         num_layers=arch.layers, hidden_size=arch.hidden, num_attention_heads=arch.heads,
         num_query_groups=arch.groups, kv_channels=arch.head_dim, ffn_hidden_size=arch.ffn or arch.moe_ffn,
@@ -124,7 +112,12 @@ def transformer_config(arch: Architecture, *, training: bool = False, parallel: 
 
 def block_spec(config: TransformerConfig, arch: Architecture, naming: Naming):
     """mcore's decoder block spec for `naming` (and Qwen3-Next's hybrid block)."""
+    if naming == "te" and not have_te():
+        raise UnsupportedModel("the te layer spec needs Transformer Engine, which does not import here",
+                               hint="use the local layers (train.megatron.layers=local; either naming loads)")
     if arch.hybrid:
+        if naming == "local":
+            return local_block_spec(config)
         from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
             get_transformer_block_with_experimental_attention_variant_spec,
         )
@@ -132,24 +125,22 @@ def block_spec(config: TransformerConfig, arch: Architecture, naming: Naming):
         return get_transformer_block_with_experimental_attention_variant_spec(config)
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-    if naming == "te" and not have_te():
-        raise UnsupportedModel("the te layer spec needs Transformer Engine, which does not import here",
-                               hint="use naming local (a checkpoint converted with convert.naming=local)")
     return get_gpt_decoder_block_spec(config, use_transformer_engine=naming == "te", normalization="RMSNorm")
 
 
 def gpt_model(arch: Architecture, *, training: bool = False, parallel: Parallel = Parallel(),
-              naming: Naming | None = None, dtype: torch.dtype | None = None, aux_loss_coeff: float = 1e-3):
+              naming: Naming | None = None, dtype: torch.dtype | None = None, aux_loss_coeff: float = 1e-3,
+              kernel: Literal["fla", "torch"] | None = None):
     """The megatron-core GPTModel equivalent to the HF model `arch` describes: this rank's part of it
     (pipeline stage, expert shard) once parallel_state is initialised. `training=False`: eval mode."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
-    naming = naming or default_naming(arch)
+    naming = naming or default_naming()
     if arch.rope_type != "default":
         raise UnsupportedModel(f"rope_type {arch.rope_type!r} is not modelled (only the default RoPE is)")
     config = transformer_config(arch, training=training, parallel=parallel, naming=naming, dtype=dtype,
-                                aux_loss_coeff=aux_loss_coeff)
+                                aux_loss_coeff=aux_loss_coeff, kernel=kernel)
     model = GPTModel(config=config, transformer_layer_spec=block_spec(config, arch, naming), vocab_size=arch.vocab,
                      max_sequence_length=arch.max_positions,
                      pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=None),

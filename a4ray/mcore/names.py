@@ -42,7 +42,7 @@ NAMES: dict[str, dict[str, tuple[str, str]]] = {
 
 
 def _te(module_param: str) -> dict[str, tuple[str, str]]:
-    """A Qwen3-Next layer tensor: TE naming only (the only spec mcore builds that model with)."""
+    """A Qwen3-Next layer tensor, named as TE's hybrid spec names it (and a4ray's local one: see `names`)."""
     return {"te": (_L + module_param, _L + "{l}." + module_param)}
 
 
@@ -66,7 +66,15 @@ NAMES.update({
     "shared_gate": _te("mlp.shared_experts.gate_weight"),
 })
 
-def names(role: str, naming: Naming) -> tuple[str, str]:
+# The experts' modules differ between the specs (SequentialMLP, TEGroupedMLP): their state-dict keys do.
+EXPERT_ROLES = ("expert_fc1", "expert_fc2")
+
+
+def names(role: str, naming: Naming, *, hybrid: bool = False) -> tuple[str, str]:
+    """(sharded key, state key format) of `role` in the `naming` spec. `hybrid` (Qwen3-Next): a4ray's local
+    spec of it (`a4ray.mcore.hybrid`) names every tensor as TE's spec does, the experts' state keys aside."""
+    if hybrid and role not in EXPERT_ROLES:
+        naming = "te"
     table = NAMES[role]
     names = table.get(naming) or table.get("local")
     if names is None:
@@ -83,7 +91,7 @@ def layer_roles(arch: Architecture) -> list[str]:
 
 def sharded_renames(arch: Architecture, ours: Naming, theirs: Naming) -> dict[str, str]:
     """{our sharded key: theirs} where a checkpoint of naming `theirs` names a tensor of our model
-    (naming `ours`) differently. Layer-keyed models (Qwen3-Next) have one naming only."""
+    (naming `ours`) differently. Layer-keyed models (Qwen3-Next) have TE's sharded keys in both specs."""
     if ours == theirs or arch.hybrid:
         return {}
     renames = {}

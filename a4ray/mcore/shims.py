@@ -34,6 +34,20 @@ wherever neither TE nor apex is installed, i.e. on the CPU):
   AdamW creates its state at the first step: a checkpoint cannot be loaded into a fresh optimizer.
   Before such a state_dict, the state is created as a fresh AdamW would (zero moments, step 0).
 
+Where FLA (flash-linear-attention) cannot run, on CPUs or on a GPU without it, Qwen3-Next's
+`GatedDeltaNet` runs megatron-core's own torch reference of the gated delta rule (`deterministic_mode`:
+`torch_chunk_gated_delta_rule` and a plain conv1d; `a4ray.mcore.hybrid.delta_rule_path`), yet still takes
+two things from FLA (`_without_fla`, applied wherever FLA is not installed or no GPU is visible):
+
+* where FLA is installed but no GPU is visible (the conversion's verifier on a GPU node runs with CUDA
+  hidden), FLA imports and then fails at its first Triton kernel ("0 active drivers"), and transformers'
+  Qwen3-Next would call it too: FLA is hidden from imports (`sys.modules["fla"] = None`) before either
+  imports it, so both take their torch paths;
+
+* its constructor refuses to build without FLA (`HAVE_FLA`), though the reference path needs none of it;
+* `l2norm` of the queries and keys, imported from `fla.modules.l2norm`: answered with the same function in
+  torch (x / sqrt(sum(x^2) + 1e-6) in fp32, FLA's definition and transformers' torch fallback for Qwen3-Next).
+
 What the model must be told rather than patched (`model_overrides()`): the allgather MoE token dispatcher
 (alltoall creates a CUDA stream), no fused kernels, CPU initialisation, fp32. What the caller must pass:
 an explicit causal mask (`causal_mask`, or the dataset's own attention mask); mcore's default mask is
@@ -45,6 +59,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.util
+import sys
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -180,6 +196,27 @@ def _fix_torch_adam_steps() -> None:
     cls.load_state_dict, cls.state_dict = load_with_own_steps, state_dict_of_fresh
 
 
+def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
+    """FLA's `l2norm` in torch: x / sqrt(sum(x^2) + eps), computed in fp32."""
+    y = x.float()
+    return (y * torch.rsqrt((y * y).sum(dim=dim, keepdim=True) + eps)).to(x.dtype)
+
+
+def _without_fla() -> None:
+    gpu = torch.cuda.is_available()
+    if gpu and importlib.util.find_spec("fla") is not None:
+        return
+    if not gpu and "fla" not in sys.modules:
+        sys.modules["fla"] = None  # FLA's kernels are Triton GPU kernels: hidden where no GPU is visible
+    # Where GatedDeltaNet reads them: mcore 0.16's module ssm/gated_delta_net.py, 0.19's package's common.py.
+    try:
+        owner = importlib.import_module("megatron.core.ssm.gated_delta_net.common")
+    except ImportError:
+        owner = importlib.import_module("megatron.core.ssm.gated_delta_net")
+    owner.HAVE_FLA = True  # the reference path (deterministic_mode) uses nothing else of FLA's
+    owner.l2norm = l2norm
+
+
 def _resolve(path: str):
     module, _, attr = path.rpartition(".")
     try:
@@ -192,6 +229,7 @@ def apply() -> bool:
     """Patch megatron-core for the CPU (once per process); False where CUDA is available."""
     global _applied
     _fix_torch_adam_steps()
+    _without_fla()
     if not needed():
         return False
     if _applied:

@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from a4ray.mcore import checkpointing, dataset, shims
 from a4ray.mcore.architecture import Architecture
+from a4ray.mcore.hybrid import delta_rule_path
 from a4ray.mcore.model import Parallel, default_naming, gpt_model, wrap_float16
 from a4ray.mcore.scalars import Scalars
 from a4ray.programs.compute_time import ComputeTimer
@@ -420,7 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     arch = Architecture.from_config(hf, str(Path(args.model) / "config.json"))
     if args.aux_loss_coeff is None:
         args.aux_loss_coeff = float(hf.get("router_aux_loss_coef", 1e-3))
-    naming = default_naming(arch) if args.naming == "auto" else args.naming
+    naming = default_naming() if args.naming == "auto" else args.naming
+    say(f"model: {arch.describe()}; {'Transformer Engine' if naming == 'te' else 'megatron-core local'} layers")
+    if arch.hybrid:
+        say(delta_rule_path(training=True).describe())
     if arch.moe and args.tp > 1 and not parallel.sequence_parallel:
         # mcore refuses MoE training with TP but without sequence parallelism (Megatron-LM's args too) ...
         from megatron.core.models.gpt.gpt_layer_specs import HAVE_APEX

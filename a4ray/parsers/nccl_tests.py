@@ -72,7 +72,7 @@ class PerfRun(BaseModel):
     max_bytes: int | None = None
     devices: list[Device] = []
     rows: list[PerfRow] = []
-    out_of_bounds: int | None = None
+    out_of_bounds: int | None = None  # `# Out of bounds values`: how many sizes had wrong results
     avg_busbw: float | None = None  # nccl-tests' own: the mean over every row and placement
     concluded: bool = False
 
@@ -89,6 +89,15 @@ class PerfRun(BaseModel):
     def wrong(self) -> int:
         return sum(r.wrong for r in self.rows)
 
+    def check_problem(self) -> str | None:
+        """What nccl-tests' own check found wrong (the #wrong column, the `Out of bounds values` count), or None."""
+        sizes = f" in {self.out_of_bounds} size(s)" if self.out_of_bounds else ""
+        if self.wrong:
+            return f"{self.wrong} wrong elements{sizes}"
+        if self.out_of_bounds:
+            return f"wrong results{sizes} (# Out of bounds values: {self.out_of_bounds})"
+        return None
+
 
 def _number(text: str) -> float | None:
     return None if text.upper() == "N/A" else float(text)
@@ -98,7 +107,8 @@ def _timing(time: str, algbw: str, busbw: str, wrong: str) -> Timing | None:
     t, a, b = _number(time), _number(algbw), _number(busbw)
     if t is None or a is None or b is None:
         return None
-    return Timing(time_us=t, algbw=a, busbw=b, wrong=None if wrong.upper() == "N/A" else int(wrong))
+    # #wrong is printed with %6g (nccl-tests src/util.cu): a million wrong elements read `1e+06`.
+    return Timing(time_us=t, algbw=a, busbw=b, wrong=None if wrong.upper() == "N/A" else round(float(wrong)))
 
 
 def parse_row(line: str) -> PerfRow | None:

@@ -40,7 +40,7 @@ class PipelineResult(Result):
     steps: list[StepResult] = []
 
     def table(self) -> str:
-        rows = [[s.name, s.status, f"{s.seconds:.1f}s" if s.status not in ("not-run",) else "-", s.runs,
+        rows = [[s.name, s.status, f"{s.seconds:.1f}s" if s.status != "not-run" else "-", s.runs,
                  _first_line(s.detail)] for s in self.steps]
         return table(f"pipeline {self.job}", ["step", "status", "time", "runs", "detail"], rows)
 
@@ -136,6 +136,8 @@ class Pipeline:
                 outcome = _run_step(step, ctx)
                 result.steps.append(outcome)
                 run_dir.write_result(result)
+                if outcome.status == "cancelled":
+                    raise KeyboardInterrupt
                 if outcome.status == "failed":
                     result.steps += _not_run(steps[index + 1:])
                     break
@@ -189,10 +191,11 @@ def _run_step(step: Step, ctx: Context) -> StepResult:
             return StepResult(name=step.name, status="skipped", runs=step.runs(), detail=not_needed)
         say(f"step {step.name}: {step.runs()}")
         outcome = step.run(ctx)
-    except KeyboardInterrupt:
-        raise
-    except Cancelled:
-        raise KeyboardInterrupt from None
+    except (KeyboardInterrupt, Cancelled) as stop:
+        # Recorded as the step that was running, with how far it got: a rerun resumes from there.
+        say(f"step {step.name}: cancelled after {time.monotonic() - t0:.1f}s")
+        return StepResult(name=step.name, status="cancelled", seconds=time.monotonic() - t0, runs=step.runs(),
+                          detail=_how_far(stop))
     except Exception as error:  # noqa: BLE001 - a step's failure is recorded and ends the pipeline
         outcome = failed(step.name, error, time.monotonic() - t0, step.runs())
         say(f"step {step.name}: FAILED: {outcome.detail}")
@@ -200,6 +203,16 @@ def _run_step(step: Step, ctx: Context) -> StepResult:
     outcome.seconds, outcome.runs = time.monotonic() - t0, step.runs()
     say(f"step {step.name}: {outcome.status} in {outcome.seconds:.1f}s: {_first_line(outcome.detail, 200)}")
     return outcome
+
+
+def _how_far(stop: BaseException) -> str:
+    """What a cancelled step had done: the iteration its launch reached, where it trains."""
+    gang = getattr(stop, "result", None)
+    last = getattr(gang, "last_iteration", None)
+    if last is None:
+        return "cancelled (Ctrl-C or `ray job stop`); a rerun runs it again (finished steps are cached)"
+    return (f"cancelled (Ctrl-C or `ray job stop`) at iteration {last}; a rerun resumes from the newest "
+            "checkpoint saved")
 
 
 def _verdict(result: PipelineResult, seconds: float) -> str:

@@ -32,7 +32,7 @@ from a4ray.staging.stager import plan as staging_plan
 from a4ray.trainers import Trainer, trainer_for
 from a4ray.workloads.doctor import Doctor, report
 
-Status = Literal["ran", "cached", "skipped", "failed", "not-run"]
+Status = Literal["ran", "cached", "skipped", "failed", "cancelled", "not-run"]
 TRAIN_MARKER = "a4ray-train.json"
 
 
@@ -135,8 +135,8 @@ class Convert(Step):
     name = "convert"
 
     def jobs(self) -> list[ConvertJob]:
-        """The conversions this recipe needs, as `convert` jobs: the model's, and the trainer's stand-in's
-        where it trains one (a4ray.hf2mcore.converter runs each)."""
+        """The conversions this recipe's trainer needs (`Trainer.convert_inputs`), as `convert` jobs
+        (a4ray.hf2mcore.converter runs each)."""
         spec, c = self.spec, self.spec.convert
         cluster = spec.cluster.model_copy(update={"nodes": 1}) if c.backend == "swift" else spec.cluster
         jobs = []
@@ -231,9 +231,6 @@ class Train(Step):
     def run(self, ctx: Context) -> StepResult:
         spec = self.spec
         trainer = ctx.trainer()
-        if trainer.stands_in:
-            say(f"train: {trainer.stands_in}: training its stand-in {spec.train.megatron.stand_in} instead (converted "
-                "alongside); where they are installed, the model itself trains")
         lost = nodefs.missing(spec.cluster, trainer.inputs())
         if lost:
             raise StepError(self.name, "missing on the nodes: " + "; ".join(lost),

@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     probe = torch.full((1024,), float(rank), device=device)
     dist.all_reduce(probe)
     allreduce_ok = bool(torch.all(probe == world * (world - 1) / 2))
+    # One line per rank in the job's stream (its result record is read, not shown): where it ran, what it saw.
+    print(f"ddp_test: rank {rank}/{world} on {socket.gethostname()} ({device}, {backend}): all-reduce "
+          f"{'ok' if allreduce_ok else 'WRONG'}", flush=True)
 
     torch.manual_seed(0)  # identical initial weights on every rank
     layers: list[nn.Module] = []

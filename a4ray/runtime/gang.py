@@ -43,6 +43,7 @@ from a4ray.core.errors import (
 )
 from a4ray.observe.verdicts import NodeRef
 from a4ray.runtime.launch import GangResult, Launch, NodeContext, NodeResult, Peer
+from a4ray.runtime.netenv import summarize_reports
 from a4ray.runtime.node_actor import LaunchRequest, NodeActor, NodeIdentity, NodeRun
 from a4ray.runtime.simulated import SIMULATED_LABEL
 from a4ray.runtime.supervisor import LAST_LINES, LineObserver, Outcome, Supervisor
@@ -262,9 +263,7 @@ class Gang:
             if isinstance(e.cause, A4RayError):
                 raise e.cause from None
             raise
-        for rank, info in enumerate(infos):
-            say(f"[n{members[rank]}] env ({len(info.env_report)} set by a4ray, secrets masked): "
-                + "; ".join(info.env_report))
+        say("\n".join(summarize_reports([info.env_report for info in infos], members, log_dir)))
         if nodes is not None or any(launch.standby for launch in launches):
             say(f"launch {launch_id}: nodes {members}" + "".join(
                 f"; n{members[r]} standby" for r, launch in enumerate(launches) if launch.standby))
@@ -272,9 +271,9 @@ class Gang:
                                                                  else "hang")
         wheres = [self.nodes[g].describe(self.cluster.topology) for g in members]
         supervisor = Supervisor(
-            actors, members, wheres, [self.node_ref(g) for g in members], launches, timeout_s, observe=self.spec.observe, observers=self.observers,
-            stop=self._stop, hang_dir=hang_dir, tags=(self.spec.name, self.run_id),
-            records_dir=Path(log_dir) / "flight-recorder")
+            actors, members, wheres, [self.node_ref(g) for g in members], launches, timeout_s,
+            observe=self.spec.observe, observers=self.observers, stop=self._stop, hang_dir=hang_dir,
+            log_dir=log_dir, tags=(self.spec.name, self.run_id), records_dir=Path(log_dir) / "flight-recorder")
         outcome = supervisor.watch()
         result = self._collect(members, outcome, time.monotonic() - t0, log_dir, launch_id)
         if not result.ok:

@@ -9,6 +9,7 @@ operator set in the node's environment to keep NVLink multicast off is never ove
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +55,41 @@ class LaunchEnv:
             for name, (value, layer) in sorted(self.changes.items())
         ]
         return lines + [f"note: {n}" for n in self.notes]
+
+
+_REPORTED = re.compile(r"^(?:unset )?(?P<name>[^=\s]+)(?:=(?P<value>.*))?  \[(?P<layer>[^\]]+)\]$")
+_NODE_NAMED = re.compile(r"\bnode \d+ \([^)]*\)")
+
+
+def summarize_reports(reports: list[list[str]], members: list[int], logs: str) -> list[str]:
+    """The launch's env in a few lines for the job's stream, from every node's `report()` (the whole of
+    which is in each node's log): the layers a4ray sets per node (a4ray's own, gIB's) by name, the
+    workload's and the user's with their values (`=<per node>` where nodes differ), each note once with
+    the nodes it is about."""
+    by_layer: dict[str, dict[str, set[str | None]]] = {}
+    notes: dict[str, list[int]] = {}
+    for node, report in zip(members, reports):
+        for line in report:
+            if line.startswith("note: "):
+                notes.setdefault(_NODE_NAMED.sub("each node", line[6:]), []).append(node)
+            elif m := _REPORTED.match(line):
+                by_layer.setdefault(m["layer"], {}).setdefault(m["name"], set()).add(m["value"])
+    parts = []
+    for layer, names in by_layer.items():
+        if layer == "a4ray" or layer.startswith("gib"):
+            parts.append(f"{layer}: {', '.join(sorted(names))}")
+        else:
+            shown = [f"unset {name}" if values == {None} else f"{name}={next(iter(values))}" if len(values) == 1
+                     else f"{name}=<per node>" for name, values in sorted(names.items())]
+            parts.append(f"{layer}: {' '.join(shown)}")
+    nodes = f"nodes {members[0]}-{members[-1]}" if members == list(range(members[0], members[-1] + 1)) \
+        else f"nodes {members}"
+    lines = [f"env on {nodes} (every value, by layer: each node's log, {logs}/node-NN.log): "
+             + ("; ".join(parts) or "nothing set by a4ray")]
+    for note, on in notes.items():
+        which = "" if len(on) == len(members) else f" (node{'s' if len(on) > 1 else ''} {', '.join(map(str, on))})"
+        lines.append(f"  note{which}: {note}")
+    return lines
 
 
 def _env_of(command: str, base: Mapping[str, str], *args: str, timeout: float = 30) -> dict[str, str]:

@@ -46,6 +46,7 @@ from a4ray.programs.record import (  # what a4ray's rank programs print and serv
 )
 from a4ray.runtime.netenv import EnvLayer, build_env, gib_layer, source_script
 from a4ray.runtime.process import ManagedProcess, launch_processes
+from a4ray.runtime.reaper import flight_recorder_pipes
 from a4ray.runtime.topology import NodeFacts
 from a4ray.spec.cluster import NetworkSpec
 
@@ -295,11 +296,18 @@ class NodeActor:
         self._node_log.write(f"# argv {self._redactor.text(shlex.join(request.argv))}\n")
         self._process = ManagedProcess(
             request.argv, env=launch_env.env, cwd=request.cwd or None, launch_id=request.launch_id,
-            on_line=self._on_line, grace_s=request.grace_s, on_exit=self._output.wake,
+            on_line=self._on_line, grace_s=request.grace_s, on_exit=self._launch_ended,
         )
         self._process.start()
         report += [f"note: {self._priority}"] if self._priority else []
         return LaunchInfo(env_report=report, log_file=str(node_log), pid=self._process.pid or -1)
+
+    def _launch_ended(self) -> None:
+        """The command has ended and its last line is in: its flight-recorder pipes go (before the supervisor
+        hears of the end, which may end the gang and this actor; the launch's reaper is the backstop)."""
+        if self._request is not None:
+            shutil.rmtree(flight_recorder_pipes(self._request.launch_id), ignore_errors=True)
+        self._output.wake()
 
     def _reset(self, request: LaunchRequest) -> None:
         """Forget the previous launch (its logs stay on disk); an exec'd command still running ends now."""
@@ -428,6 +436,8 @@ class NodeActor:
         if processes:
             with ThreadPoolExecutor(len(processes)) as pool:  # in parallel: one grace period, not N
                 list(pool.map(lambda p: p.terminate(grace_s), processes))
+        if self._standby.is_set() and self._request is not None:  # no command, so no reaper to remove them
+            shutil.rmtree(flight_recorder_pipes(self._request.launch_id), ignore_errors=True)
         self._standby.clear()
         self._output.wake()
         return self._process.returncode if self._process else None
@@ -436,8 +446,6 @@ class NodeActor:
         p = self._process
         if p is not None:
             p.wait(timeout=30)
-        if self._request is not None and not self._running():  # the records were taken, if a hang wanted them
-            shutil.rmtree(_fr_dir(self._request), ignore_errors=True)
         standby = self._request is not None and not self._request.argv
         return NodeRun(
             exit_code=p.returncode if p else None,
@@ -496,7 +504,7 @@ class NodeActor:
             return {}
         out_dir = Path(request.log_dir) / "flight-recorder"
         out_dir.mkdir(parents=True, exist_ok=True)
-        pipes = list(_fr_dir(request).glob("pipe_*"))
+        pipes = list(flight_recorder_pipes(request.launch_id).glob("pipe_*"))
         for pipe in pipes:
             try:  # writing to a rank's debug-info pipe makes it dump its NCCL flight recorder
                 fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
@@ -508,7 +516,7 @@ class NodeActor:
         found: dict[int, dict | str] = {}
 
         def ask(rank: int) -> tuple[int, dict | str]:
-            path = fr_socket_path(str(_fr_dir(request)), rank)
+            path = fr_socket_path(str(flight_recorder_pipes(request.launch_id)), rank)
             if not os.path.exists(path):
                 return rank, "no flight-record server (not an a4ray program)"
             try:
@@ -625,7 +633,7 @@ def _with_a4ray_on_path(pythonpath: str | None) -> str:
 
 def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
     """PyTorch's NCCL flight recorder: kept on, dumped on an NCCL timeout or when its pipe is written."""
-    pipes = _fr_dir(request)
+    pipes = flight_recorder_pipes(request.launch_id)  # the launch's reaper removes it when the launch ends
     pipes.mkdir(parents=True, exist_ok=True)
     # TORCH_FR_* are PyTorch >= 2.7's names (the TORCH_NCCL_* ones they replace still work there).
     return {
@@ -635,12 +643,6 @@ def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{pipes}/pipe_",
         FR_SOCKET_DIR_ENV: str(pipes),  # a4ray's programs serve their record there (rank_<RANK>.sock)
     }
-
-
-def _fr_dir(request: LaunchRequest) -> Path:
-    """The launch's debug pipes and worker-server sockets: named pipes and sockets need a local filesystem,
-    and a socket's path must stay short (108 bytes)."""
-    return Path("/tmp") / f"a4ray-fr-{request.launch_id}"
 
 
 # A variable set under either name is the user's choice.

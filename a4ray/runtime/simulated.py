@@ -121,7 +121,7 @@ class SimulatedCluster:
                  dashboard: bool = False, dashboard_port: int | None = None, client_port: int | None = None,
                  object_store_mb: int = 256, persistent: bool = False, loopback_ips: bool = True,
                  node_env: dict[int, dict[str, str]] | None = None, host: str = auth.LOOPBACK,
-                 prometheus: LocalPrometheus | None = None):
+                 prometheus: LocalPrometheus | None = None, name: str = "embedded local Ray cluster"):
         # Its shape is a cluster spec's (the same limits), refused before any Ray process starts.
         validate(ClusterJob, {"cluster": {"nodes": nodes, "gpus_per_node": gpus_per_node, "machine_type": machine_type}},
                  "the embedded local cluster")
@@ -129,6 +129,7 @@ class SimulatedCluster:
             raise SpecError("the embedded local cluster", [
                 f"cluster.nodes: {nodes} simulated nodes would all run on this machine; at most "
                 f"{MAX_SIMULATED_NODES} (join a real cluster with --address for more)"])
+        self.name = name  # what it is called where it is printed: embedded in a job, or `a4ray local up`'s
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.machine_type = machine_type
@@ -264,14 +265,14 @@ class SimulatedCluster:
 
     def describe(self) -> str:
         gpus = "real GPU slices" if self._gpu_slices else "logical GPUs"
-        return (f"embedded local Ray cluster at {self.address}: {self.nodes} simulated {self.machine_type} "
+        return (f"{self.name} at {self.address}: {self.nodes} simulated {self.machine_type} "
                 f"node(s) x {self.gpus_per_node} GPUs ({gpus}); Ray token authentication on")
 
     def shutdown(self) -> None:
         if self.prometheus:
             self.prometheus.stop()
         if self.cluster is not None:
-            say("shutting down the embedded local cluster")
+            say(f"shutting down the {self.name}")
             self.cluster.shutdown()
             self.cluster = None
             self.workers = {}

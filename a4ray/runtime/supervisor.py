@@ -1,5 +1,7 @@
-"""Supervising one launch of a gang: every node's lines streamed to the driver with its node and rank, and
-the launch ended on the first failure (a non-zero exit, a lost node), a hang, its timeout or a cancel.
+"""Supervising one launch of a gang: every node's lines streamed to the driver with its node and rank (what
+`observe/stream.py` lets through: each library warning once, no raw iteration or result lines; the logs keep
+everything), and the launch ended on the first failure (a non-zero exit, a lost node), a hang, its timeout
+or a cancel. Once it stops the nodes, their last lines go to the logs only.
 
 The gang (`gang.py`) places the nodes and starts their commands; it hands the running launch to a
 `Supervisor`, which watches until every command has ended or one ended it, stops the nodes still running
@@ -20,7 +22,7 @@ from typing import Literal
 import ray
 
 from a4ray.core.console import say
-from a4ray.observe import flight, hang, metrics
+from a4ray.observe import flight, hang, metrics, stream
 from a4ray.observe.progress import Progress, progress_summary
 from a4ray.observe.straggler import StragglerCheck
 from a4ray.observe.verdicts import HangVerdict, NodeRef, Straggler
@@ -62,12 +64,14 @@ class Supervisor:
     `actors`: the launch's node actors, in launch-rank order; `members`: their gang ranks; `wheres`: how
     each node is described in messages; `nodes`: who each node is (host, IP, block) in verdicts;
     `stop(gang_ranks)` stops nodes' process trees (the gang's); `hang_dir`: where a hang report goes;
+    `log_dir`: where the nodes' logs are; `records_dir`: where NCCL dumps its flight records on its own timeout;
     `tags`: the job and run, for metrics.
     """
 
     def __init__(self, actors: list, members: list[int], wheres: list[str], nodes: list[NodeRef], launches: list[Launch],
                  timeout_s: float | None, *, observe: ObserveSpec, observers: list[LineObserver],
-                 stop: Callable[[list[int]], None], hang_dir: Path, tags: tuple[str, str], records_dir: Path):
+                 stop: Callable[[list[int]], None], hang_dir: Path, log_dir: str, tags: tuple[str, str],
+                 records_dir: Path):
         self.actors = actors
         self.members = members
         self.wheres = wheres
@@ -81,7 +85,9 @@ class Supervisor:
         self.stop = stop
         self.hang_dir = hang_dir
         self.records_dir = records_dir  # where NCCL dumps its flight records on its own timeout
+        self.log_dir = log_dir
         self.tags = tags
+        self.stream = stream.for_run(tags[1])  # warnings shown in earlier launches of the run stay shown
         self.cursors = {rank: 0 for rank in range(len(members))}
         self.ended: set[int] = set()  # ranks whose command has ended and handed out every line
         self.rank_tails: dict[tuple[int, int], list[str]] = {}
@@ -89,10 +95,13 @@ class Supervisor:
         self.watchdog = hang.Watchdog(observe.watchdog)
         self.stragglers = StragglerCheck(observe.straggler, nodes, self.nproc, tags)
         self.last_summary_iteration: int | None = None
+        self.last_progress: Progress | None = None
+        self.stopping = False  # the nodes are being stopped: what they print now goes to their logs only
+        self.stream_closed = False
 
     def _emit(self, rank: int, poll: Poll) -> None:
         node = self.members[rank]
-        if poll.dropped:
+        if poll.dropped and not self.stopping:
             say(f"[n{node}] ... {poll.dropped} lines not streamed (driver fell behind); "
                 f"they are in the node log")
         tail = self.outcome.tails.setdefault(rank, [])
@@ -101,12 +110,14 @@ class Supervisor:
                 self.outcome.stragglers += self.stragglers.window(line.compute)
                 continue
             if line.local_rank is not None:
-                print(f"[n{node} r{rank * self.nproc[rank] + line.local_rank}] {line.text}", flush=True)
+                who = f"n{node} r{rank * self.nproc[rank] + line.local_rank}"
                 rank_tail = self.rank_tails.setdefault((rank, line.local_rank), [])
                 rank_tail.append(line.text)
                 del rank_tail[:-LAST_LINES]
             else:
-                print(f"[n{node}] {line.text}", flush=True)
+                who = f"n{node}"
+            if self.stream.show(who, line.text, progress=line.progress is not None) and not self.stopping:
+                print(f"[{who}] {line.text}", flush=True)
             for observer in self.observers:
                 observer(rank, line)
             if line.progress is not None:
@@ -123,11 +134,27 @@ class Supervisor:
         if out.last_iteration is None or progress.iteration > out.last_iteration:
             out.iterations_seen += 1
             out.last_iteration = progress.iteration
+            self.last_progress = progress
             every = self.observe.summary_every
             if (self.last_summary_iteration is None or progress.iteration - self.last_summary_iteration >= every
                     or progress.iteration == progress.train_iters):
-                self.last_summary_iteration = progress.iteration
-                say(f"progress: {progress_summary(progress, self.observe.seq_length)}")
+                self._summarize(progress)
+
+    def _summarize(self, progress: Progress) -> None:
+        self.last_summary_iteration = progress.iteration
+        say(f"progress: {progress_summary(progress, self.observe.seq_length)}")
+
+    def _close_stream(self) -> None:
+        """The launch's last word in the stream: the iteration it reached, if not said yet; the warnings held back."""
+        if self.stream_closed:
+            return
+        self.stream_closed = True
+        last = self.last_progress
+        if last is not None and last.iteration != self.last_summary_iteration:
+            self._summarize(last)
+        held = self.stream.summary(f"{self.log_dir}/rank-*.log")
+        if held:
+            say(held)
 
     def _on_hang(self, why: str) -> None:
         metrics.record_hang(*self.tags)
@@ -142,6 +169,12 @@ class Supervisor:
         out.hint = f"stack dumps and the verdict are in {self.hang_dir}, flight records under the logs' flight-recorder/"
 
     def watch(self) -> Outcome:
+        try:
+            return self._watch()
+        finally:
+            self._close_stream()
+
+    def _watch(self) -> Outcome:
         out = self.outcome
         pending = {a.poll.remote(0, POLL_WAIT_S): rank for rank, a in enumerate(self.actors)}
         try:
@@ -244,7 +277,9 @@ class Supervisor:
         as not (it is sent on seeing a line), and that rank's command must stop too."""
         out = self.outcome
         running = set(range(len(self.members))) - self.ended
+        self._close_stream()
         say(f"stopping {len(running)} node(s): {out.message.splitlines()[0] if out.message else ''}")
+        self.stopping = True
         self.stop([self.members[rank] for rank in sorted(running - out.lost)])
         for rank in sorted(running - out.lost):
             try:

@@ -22,7 +22,7 @@ from pathlib import PurePosixPath
 from typing import Literal, Self
 from urllib.parse import urlsplit
 
-from pydantic import Field, PositiveFloat, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from a4ray.core.redact import redact_url
 from a4ray.spec.fields import MAX_CPUS_PER_NODE, NonNegativeInt, PathStr, PositiveInt, Seconds, Spec

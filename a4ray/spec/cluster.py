@@ -59,6 +59,9 @@ A4_NCCL_OVERRIDES = {
     # gVNICs; the tuner config is A4's, not A3U's).
     "NCCL_SOCKET_IFNAME": "eth0,eth1",
     "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config_a4.txtpb",
+    # Beside them 27 of the 29 A4 training recipes of gpu-recipes pin gloo (Megatron's and torch's CPU
+    # groups) to eth0; unset, gloo picks the interface the hostname resolves to.
+    "GLOO_SOCKET_IFNAME": "eth0",
 }
 
 

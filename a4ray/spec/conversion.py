@@ -45,7 +45,7 @@ class SwiftConvertSpec(Spec):
     """ms-swift's offline conversion (`swift export --to_mcore true`), on one node."""
 
     version: str = Field("3.8.0", pattern=r"^\d+\.\d+(\.\d+)?", description="the ms-swift version in the image")
-    nproc_per_node: PositiveInt = Field(1, description=">1: `megatron export` under torchrun (ms-swift >= 3.11)")
+    nproc_per_node: PositiveInt = Field(1, description=">1: `megatron export` under torchrun (ms-swift >= 3.10)")
     tensor_model_parallel_size: PositiveInt = 1
     expert_model_parallel_size: PositiveInt = 1
     pipeline_model_parallel_size: PositiveInt = 1

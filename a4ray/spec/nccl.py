@@ -14,6 +14,11 @@ from a4ray.spec.mpi import FabricTestJob
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "alltoall"]
 COLLECTIVES: tuple[str, ...] = Collective.__args__  # type: ignore[attr-defined]
 
+# Where images ship nccl-tests' binaries, searched in this order when nccl.binaries_dir is not set:
+# docker/a4ray.Dockerfile builds them into /opt/nccl-tests (the DeepEP image inherits it); Google's gIB
+# installer image (the A4 recipes' nccl-tests) has them in /third_party/nccl-tests.
+NCCL_TESTS_DIRS = ("/opt/nccl-tests/build", "/third_party/nccl-tests/build")
+
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
 
 
@@ -69,7 +74,9 @@ class NcclTestSpec(Spec):
         "auto", description="auto: nccl-tests where its binaries and mpirun are on every node, else the "
         "built-in torch.distributed benchmark (torchrun)",
     )
-    binaries_dir: PathStr = Field("/third_party/nccl-tests/build", description="where the *_perf binaries are")
+    binaries_dir: PathStr = Field(
+        "", description="where the *_perf binaries are; default: the first of NCCL_TESTS_DIRS (a4ray's images, "
+        "then Google's gIB installer image) that has them on every node")
     cpu_min_bytes: Size = Field(parse_size("1M"), description="smallest size on CPU (gloo): a rehearsal")
     cpu_max_bytes: Size = Field(parse_size("16M"), description="largest size on CPU (gloo): a rehearsal")
     expect_transport: Literal["auto", "gib", "ib", "rdma", "socket", "any"] = Field(

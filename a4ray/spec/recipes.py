@@ -161,7 +161,7 @@ def _pai_recipe(repo: str, *, train: dict, **sections: dict) -> dict:
 
 @job_kind
 class Qwen3NextJob(RecipeJob):
-    """Qwen3-Next-80B-A3B-Instruct with Pai-Megatron-Patch `examples/qwen3_next/run_mcore_qwen3.sh` (seed 003)."""
+    """Qwen3-Next-80B-A3B-Instruct with Pai-Megatron-Patch `examples/qwen3_next/run_mcore_qwen3.sh` (seed 000)."""
 
     kind: Literal["qwen3_next"] = "qwen3_next"
     train: TrainSpec = TrainSpec()

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from a4ray.spec.fields import ExitCode, NonNegativeInt, NonNegativeSeconds, PositiveInt, Seconds, Spec
+from a4ray.spec.fields import ExitCode, NonNegativeSeconds, PositiveInt, Seconds, Spec
 
 # Failures worth another attempt: the fabric or a peer went away, not the job's configuration.
 RETRY_PATTERNS = [

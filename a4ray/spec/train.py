@@ -95,9 +95,6 @@ class MegatronTrainerSpec(Spec):
     check_save: bool = Field(False, description="load every checkpoint back through megatron-core after saving it "
                              "and compare every model and optimizer tensor with what was saved")
     threads: PositiveInt | None = Field(None, description="CPU threads per rank (default: CPUs / local ranks)")
-    stand_in: PathStr = Field("", description="a rehearsal's stand-in: on simulated nodes where megatron-core cannot "
-                          "build train.model's layers (Qwen3-Next needs Transformer Engine and FLA's GPU kernels), "
-                          "this HF checkpoint (e.g. its Qwen3-MoE sibling) is converted too and trained instead")
 
 
 class TrainSpec(Spec):
@@ -192,6 +189,10 @@ class SwiftTrainSpec(Spec):
     max_length: PositiveInt = 8192
     num_workers: PositiveInt = 8
     dataset_num_proc: PositiveInt = 8
+    load_from_cache_file: bool = Field(
+        True, description="--load_from_cache_file, passed on every version: reuse the preprocessed dataset in "
+        "the shared MODELSCOPE_CACHE; ms-swift's default turned false in 3.10 (then every run, and every restart, "
+        "preprocesses the dataset again), and its DPO examples from 3.12 on pass true")
     save_optim: bool = Field(False, description="false: --no_save_optim true")
     save_rng: bool = Field(False, description="false: --no_save_rng true")
     attention_backend: Literal["flash", "fused", "unfused", "auto"] = "flash"
@@ -199,7 +200,10 @@ class SwiftTrainSpec(Spec):
     use_precision_aware_optimizer: bool = True
     optimizer_offload_fraction: float = Field(1.0, gt=0, le=1)
     beta: PositiveFloat = 0.1
-    rpo_alpha: float | None = Field(None, ge=0, description="None: not passed (ms-swift's default)")
+    rpo_alpha: float | None = Field(
+        None, ge=0, description="None: not passed, plain DPO (ms-swift's default, seed 004 and the 3.8 example); "
+        "the >= 3.12 examples pass 0.1, which adds an NLL loss on the chosen answers: a different objective, "
+        "so chosen here, not inherited from an example")
     loss_type: str = "sigmoid"
     modelscope_cache: PathStr = Field("modelscope-cache", description="MODELSCOPE_CACHE: must be shared storage on "
                                   "multi-node runs (ms-swift: else dataset caches diverge and the run may hang)")

@@ -32,7 +32,8 @@ from pydantic import BaseModel
 from a4ray.core.console import say
 from a4ray.staging.layout import tree_bytes
 
-Phase = Literal["queued", "waiting", "listing", "downloading", "verifying", "publishing", "done", "failed"]
+Phase = Literal["queued", "waiting", "listing", "downloading", "copying", "verifying", "publishing", "done", "failed"]
+MOVING: tuple[Phase, ...] = ("downloading", "copying")  # bytes arrive: a rate and an ETA mean something
 
 
 class Progress(BaseModel):
@@ -48,14 +49,14 @@ class Progress(BaseModel):
 
     @property
     def eta_s(self) -> float | None:
-        if self.total is None or self.rate <= 0 or self.phase != "downloading":
+        if self.total is None or self.rate <= 0 or self.phase not in MOVING:
             return None
         return max(0.0, (self.total - self.bytes) / self.rate)
 
     def line(self) -> str:
         size = f"{human_bytes(self.bytes)}" + (f" / {human_bytes(self.total)}" if self.total else "")
         pct = f" ({100 * self.bytes / self.total:.0f}%)" if self.total else ""
-        rate = f", {human_bytes(self.rate)}/s" if self.rate > 0 and self.phase == "downloading" else ""
+        rate = f", {human_bytes(self.rate)}/s" if self.rate > 0 and self.phase in MOVING else ""
         eta = f", ETA {human_seconds(self.eta_s)}" if self.eta_s is not None else ""
         note = f" - {self.note}" if self.note else ""
         where = f" on {self.node}" if self.node else ""

@@ -170,7 +170,9 @@ class _Staging:
         listing = source.list(token)
         resumed = self._prepare_partial(listing)
         self._check_space(listing, resumed)
-        self.reporter.update(phase="downloading", total=listing.total, bytes=resumed)
+        # A local source is copied, not downloaded: the line a person watches says which.
+        moving = "copying" if self.artifact.ref.scheme == "file" else "downloading"
+        self.reporter.update(phase=moving, total=listing.total, bytes=resumed)
         ctx = FetchContext(self.paths.partial, self.req.options.max_workers, token)
         try:
             with self.reporter.watching(self.paths.partial):

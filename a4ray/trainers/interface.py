@@ -50,11 +50,6 @@ class Trainer(Workload[RecipeJob]):
         last one's conversion."""
         return [self.spec.convert.input or self.spec.model_dir]
 
-    @property
-    def stands_in(self) -> str | None:
-        """Why a rehearsal trains a stand-in instead of the model (see MegatronTrain), or None."""
-        return None
-
     @abstractmethod
     def runs(self) -> str:
         """What does the work (named in plans and in the pipeline's table)."""

@@ -14,9 +14,8 @@ import json
 from pathlib import Path, PurePosixPath
 
 from a4ray.core.errors import UnsupportedModel
-from a4ray.mcore.architecture import Architecture
+from a4ray.mcore.architecture import PUBLISHED_CONFIGS, Architecture
 from a4ray.mcore.checkpointing import TRACKER, newest_complete
-from a4ray.mcore.model import unbuildable
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.conversion import ConvertSpec
 from a4ray.trainers.interface import LoopResult, Trainer, fit_problems
@@ -35,30 +34,12 @@ class MegatronTrain(Trainer):
 
     @property
     def model(self) -> str:
-        """The HF checkpoint it trains, as the nodes see it: the stand-in's where it stands in."""
-        t = self.spec.train
-        return self.spec.on_nodes(self.workspace, t.megatron.stand_in if self.stands_in else t.model)
-
-    @property
-    def stands_in(self) -> str | None:
-        """On simulated nodes, why `train.megatron.stand_in` is trained instead of `train.model` (None: it is
-        not): megatron-core cannot build the model's layers on this machine. Simulated nodes share its disk
-        and its Python, so the staged config.json and the installed packages here are the nodes'. Asked
-        again at each step: the model's config exists once the stage step has run."""
-        stand_in = self.spec.train.megatron.stand_in
-        config = Path(self.spec.on_nodes(self.workspace, self.spec.train.model)) / "config.json"
-        if not (self.simulated and stand_in and config.is_file()):
-            return None
-        return unbuildable(Architecture.from_config(json.loads(config.read_text()), str(config)))
-
-    def convert_inputs(self) -> list[str]:
-        main = super().convert_inputs()
-        return main + [self.spec.train.megatron.stand_in] if self.stands_in else main
+        """The HF checkpoint it trains (its config.json), as the nodes see it."""
+        return self.spec.on_nodes(self.workspace, self.spec.train.model)
 
     def runs(self) -> str:
-        what = f"; here its stand-in {self.spec.train.megatron.stand_in} (see train)" if self.stands_in else ""
         return ("a4ray's Megatron trainer: torchrun of a4ray.mcore on every node (megatron-core GPTModel from the "
-                f"converted checkpoint){what}")
+                "converted checkpoint)")
 
     @property
     def checkpoints(self) -> str:
@@ -125,7 +106,25 @@ class MegatronTrain(Trainer):
         m = self.spec.train.megatron
         layers = {"auto": "Transformer Engine's where it imports on the nodes (A4 images), else megatron-core's "
                           "local layers", "te": "Transformer Engine's", "local": "megatron-core's local layers"}
-        return [f"layers: {layers[m.layers]}; loads {self.checkpoint}; checkpoints: {self.checkpoints}"]
+        return [f"model: {self.shape()}",
+                f"layers: {layers[m.layers]}; loads {self.checkpoint}; checkpoints: {self.checkpoints}"]
+
+    def shape(self) -> str:
+        """The model every rank builds, and where that is read from: the staged config.json where this
+        machine sees it, else the published config of the Hub model the spec stages there."""
+        config = Path(self.model) / "config.json"
+        if config.is_file():
+            source, where = json.loads(config.read_text()), str(config)
+        else:
+            hub = next((a.source.removeprefix("hf://").split("@")[0] for a in self.spec.artifacts
+                        if a.target == self.spec.train.model and a.source.startswith("hf://")), "")
+            source, where = PUBLISHED_CONFIGS.get(hub), f"{hub}'s published config.json"
+            if source is None:
+                return f"read on the nodes from {config} (not staged yet)"
+        try:
+            return f"{Architecture.from_config(source, where).describe()} (from {where})"
+        except (UnsupportedModel, KeyError) as error:
+            return f"{where}: {error}"
 
     def resume_note(self) -> str:
         done = newest_complete(Path(self.checkpoints))  # where the driver sees the workspace; else the ranks find it

@@ -24,9 +24,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from a4ray.hf2mcore.backends import pai_contract_env
+from a4ray.hf2mcore.backends import pai_contract_env, pai_script
 from a4ray.observe.progress import parse_progress
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
+from a4ray.spec.conversion import ConvertSpec
 from a4ray.spec.recipes import RecipeJob
 from a4ray.spec.train import TrainSpec
 from a4ray.trainers.interface import Trainer, fit_problems
@@ -281,6 +282,15 @@ class PaiTrain(Trainer):
     def check_model(self, config: dict, where: str) -> list[str]:
         model = model_of(self.spec)
         return check_hf_config(config, model, self.spec, where) if model else []
+
+    def convert_section(self, section: ConvertSpec) -> ConvertSpec:
+        # The recipe knows its model: the converter script is the one for it, also where config.json is not
+        # staged yet (a dry run), rather than a default for another model.
+        model = model_of(self.spec)
+        if section.backend != "pai" or section.pai.script or model is None:
+            return section
+        script = pai_script(model.architecture, self.spec.train.pai.model_size)
+        return section.model_copy(update={"pai": section.pai.model_copy(update={"script": script})})
 
     @property
     def script_dir(self) -> str:

@@ -75,7 +75,7 @@ def swift_args(spec: RecipeJob, workspace: str, load: str) -> list[str]:
             ["--save_safetensors", "true"]
     datasets = [at(d) if _is_path(d) else d for d in t.dataset]
     argv = ["megatron", "rlhf", "--rlhf_type", "dpo", *model, "--dataset", *datasets,
-            "--split_dataset_ratio", f"{t.split_dataset_ratio:g}"]
+            "--load_from_cache_file", _flag(t.load_from_cache_file), "--split_dataset_ratio", f"{t.split_dataset_ratio:g}"]
     if t.packing:
         argv += ["--packing", "true"]
     argv += ["--tensor_model_parallel_size", str(par.tp)]

@@ -317,7 +317,7 @@ def _network(gang) -> Check:
         "timeout_s": 300, "nccl": {"collectives": ["all_reduce"], "min_bytes": size, "max_bytes": size,
                                    "iters": 5, "warmup": 2, "implementation": "torch",
                                    "cpu_min_bytes": "1M", "cpu_max_bytes": "1M"}})
-    result = NcclTest(probe).execute(gang)
+    result = NcclTest(probe, env_label="preflight all-reduce").execute(gang)
     status: Status = "ok" if result.ok else "fail"
     return Check(node=None, host="all", name="network", status=status, detail=result.verdict.removeprefix("PASS: "),
                  fix="" if result.ok else "run `python -m a4ray.nccl_test --set nccl.isolate=true` to name the "

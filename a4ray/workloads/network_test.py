@@ -27,7 +27,7 @@ from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.runtime.mpirun import mpi_launch
 from a4ray.runtime.node_actor import Line
 from a4ray.runtime.simulated import SIMULATED_LABEL
-from a4ray.spec.nccl import NcclTestJob, format_size
+from a4ray.spec.nccl import NCCL_TESTS_DIRS, NcclTestJob, format_size
 from a4ray.workloads.torchrun import torchrun
 from a4ray.workloads.workload import Plan, Workload, WorkloadResult, run_launch
 
@@ -154,17 +154,24 @@ class _Lines:
 class NcclTest(Workload[NcclTestJob]):
     kind = "nccl_test"
 
-    def __init__(self, spec: NcclTestJob):
+    def __init__(self, spec: NcclTestJob, *, env_label: str | None = None):
         super().__init__(spec)
         self.implementation = "torch" if spec.nccl.implementation == "torch" else "nccl-tests"
+        self.binaries_dir = self.binaries_dirs()[0]  # until the nodes are asked (choose_implementation)
+        # Whose the variables it sets are, in env reports: the test's own, or the job it probes for (preflight).
+        self.env_label = env_label or self.kind
 
     # ----------------------------------------------------------------------- commands
     def env(self) -> dict[str, str]:
         # INIT,NET: the lines that say which network NCCL picked and what each channel runs over.
         return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 
-    def binary(self, collective: str) -> str:
-        return f"{self.spec.nccl.binaries_dir.rstrip('/')}/{collective}_perf"
+    def binaries_dirs(self) -> list[str]:
+        """Where to look for the *_perf binaries: the one configured, else each place images ship them."""
+        return [self.spec.nccl.binaries_dir] if self.spec.nccl.binaries_dir else list(NCCL_TESTS_DIRS)
+
+    def binary(self, collective: str, binaries_dir: str | None = None) -> str:
+        return f"{(binaries_dir or self.binaries_dir).rstrip('/')}/{collective}_perf"
 
     def size_args(self, min_bytes: int, max_bytes: int) -> list[str]:
         n = self.spec.nccl
@@ -199,8 +206,12 @@ class NcclTest(Workload[NcclTestJob]):
             plan.notes.append(f"one such mpirun per collective: {', '.join(n.collectives)}; the other nodes "
                               f"are standbys whose actors start mpirun's daemons (no SSH)")
         if n.implementation == "auto":
-            plan.notes.append(f"auto: nccl-tests if {n.binaries_dir}/*_perf and {self.spec.mpi.mpirun} are on "
-                              f"every node, else the torch benchmark under torchrun (a4ray.programs.collectives)")
+            plan.notes.append(f"auto: nccl-tests if {' or '.join(self.binaries_dirs())}/*_perf and "
+                              f"{self.spec.mpi.mpirun} are on every node, else the torch benchmark under torchrun "
+                              f"(a4ray.programs.collectives)")
+        elif len(self.binaries_dirs()) > 1:
+            plan.notes.append(f"the binaries: the first of {', '.join(self.binaries_dirs())} that has them on "
+                              f"every node")
         return plan
 
     # ----------------------------------------------------------------------- running
@@ -208,12 +219,14 @@ class NcclTest(Workload[NcclTestJob]):
         n = self.spec.nccl
         if n.implementation == "torch":
             return "torch"
-        wanted = [self.binary(c) for c in n.collectives] + [self.spec.mpi.mpirun]
-        missing = {rank: [name for name, path in found.items() if path is None]
-                   for rank, found in enumerate(gang.executables(wanted))}
-        missing = {rank: names for rank, names in missing.items() if names}
-        if not missing:
-            return "nccl-tests"
+        for binaries_dir in self.binaries_dirs():
+            wanted = [self.binary(c, binaries_dir) for c in n.collectives] + [self.spec.mpi.mpirun]
+            missing = {rank: [name for name, path in found.items() if path is None]
+                       for rank, found in enumerate(gang.executables(wanted))}
+            missing = {rank: names for rank, names in missing.items() if names}
+            if not missing:
+                self.binaries_dir = binaries_dir
+                return "nccl-tests"
         where = "; ".join(f"node {r} ({gang.nodes[r].hostname}): {', '.join(names)}" for r, names in missing.items())
         if n.implementation == "nccl-tests":
             raise ToolMissing(f"nccl.implementation=nccl-tests, but missing or not executable: {where}",
@@ -234,7 +247,7 @@ class NcclTest(Workload[NcclTestJob]):
         for i, batch in enumerate(batches):
             with gang.observing(_Lines()) as lines:
                 gang_result = run_launch(gang, self._builder(batch), timeout_s=self.spec.timeout_s,
-                                         env_name=self.kind)
+                                         env_name=self.env_label)
             info += lines.info
             for run in nccl_tests.parse(lines.table, binary=f"{batch[0]}_perf"):
                 runs[run.collective] = run
@@ -270,14 +283,14 @@ class NcclTest(Workload[NcclTestJob]):
         results = []
         for name in self.spec.nccl.collectives:
             run = runs.get(name)
-            problems = [failures[name]] if name in failures else []
+            # Wrong results first: nccl-tests exits non-zero on them, and they say why better than the exit.
+            checked = run.check_problem() if run else None
+            problems = ([checked] if checked else []) + ([failures[name]] if name in failures else [])
             largest = run.largest if run else None
             threshold = self.spec.nccl.threshold(name, nodes) if applied else None
             if run is None or largest is None:
                 problems = problems or ["no results in the output"]
             else:
-                if run.wrong:
-                    problems.append(f"{run.wrong} wrong elements")
                 if threshold is not None and (largest.busbw or 0) < threshold:
                     problems.append(f"busbw {largest.busbw:.2f} < {threshold:g} GB/s")
             results.append(CollectiveResult(
@@ -333,13 +346,15 @@ class NcclTest(Workload[NcclTestJob]):
             label = "-".join(f"n{m}" for m in members)
             with gang.observing(_Lines()) as lines:
                 gr = run_launch(gang, self._builder([name], (size, size)), nodes=members,
-                                timeout_s=self.spec.timeout_s, env_name=self.kind,
+                                timeout_s=self.spec.timeout_s, env_name=self.env_label,
                                 log_dir=f"{gang.log_dir}/isolate/{label}")
             run = next(iter(nccl_tests.parse(lines.table, binary=f"{name}_perf")), None)
             largest = run.largest if run else None
             problem = None if gr.ok else (gr.failure or "failed").splitlines()[0]
-            if problem is None and (largest is None or run.wrong):
-                problem = "no results" if largest is None else f"{run.wrong} wrong elements"
+            if run is not None and run.check_problem():
+                problem = run.check_problem()
+            elif problem is None and largest is None:
+                problem = "no results"
             pair = PairResult(nodes=members, hosts=[gang.nodes[m].hostname for m in members], ok=problem is None,
                               busbw=largest.busbw if largest else None, problem=problem)
             iso.tests.append(pair)
