@@ -5,6 +5,11 @@ nodes added to the session cluster for the test, of a machine type of their own 
 lands on them), removed after it: seconds, where a cluster of their own (`fresh_cluster`) costs a cluster's
 start and the session's reconnect. Subprocess tests that must not find the session cluster run with
 `isolated_env()` (their own RAY_TMPDIR, no RAY_ADDRESS).
+
+The suite can run on pytest-xdist workers side by side (`-n 3 --dist loadfile`, see pyproject): each worker has its
+own session cluster and takes whole modules.
+So a test must not assume it is alone on the machine: it finds its own processes by a marker of its own (a launch
+id, a tmp path, its RAY_TMPDIR) or below its own process tree, and takes free ports.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import uuid
 import matplotlib
 import pytest
 import ray
-from conftest import PYTHON, REPO, job, wait_gone
+from conftest import PYTHON, REPO, free_port, job, wait_gone
 
 import a4ray
 from a4ray.core.errors import SpecError
@@ -29,7 +29,7 @@ def api_cluster():
     """2 simulated nodes x 1 GPU with the dashboard, and this process connected through `a4ray.connect`."""
     if ray.is_initialized():
         ray.shutdown()  # the session cluster's connection; its fixture reconnects when a test asks for it
-    sim = SimulatedCluster(2, 1, dashboard=True)
+    sim = SimulatedCluster(2, 1, dashboard=True, dashboard_port=free_port())  # not 8265: other clusters run beside it
     sim.start()
     cluster = a4ray.connect(sim.address)
     yield cluster

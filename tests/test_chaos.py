@@ -42,17 +42,19 @@ def _spec(tmp_path: Path, workload: str) -> dict:
 
 
 def _processes() -> tuple[dict[int, str], dict[int, str]]:
-    """(node actors, processes of any a4ray launch): pid -> what it is."""
+    """(node actors, processes of any a4ray launch) of this test's cluster: pid -> what it is. Only this process's
+    descendants (the session cluster's raylets, their workers and what those started): other tests, on other
+    xdist workers or of other users of the machine, run node actors and launches of their own meanwhile."""
     actors, launched = {}, {}
-    for proc in psutil.process_iter(["cmdline", "name", "status"]):
+    for proc in psutil.Process().children(recursive=True):
         try:
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
-            cmdline = " ".join(proc.info["cmdline"] or [])
+            cmdline = " ".join(proc.cmdline())
             if cmdline.startswith("ray::NodeActor"):
                 actors[proc.pid] = cmdline[:60]
             elif LAUNCH_ID_VAR in proc.environ():
-                launched[proc.pid] = f"{proc.info['name']}: {cmdline[:80]}"
+                launched[proc.pid] = f"{proc.name()}: {cmdline[:80]}"
         except psutil.Error:
             continue
     return actors, launched

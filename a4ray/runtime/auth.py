@@ -17,9 +17,11 @@ what it does on macOS): `loopback_only()` sets that for this process and everyth
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import secrets
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,11 +55,18 @@ def ensure_token() -> str:
     """The token this user's local clusters use, made (256 random bits, readable by this user only) if none."""
     token = _read_token()
     if token is None:
+        # Written aside and linked into place, which fails if another process made one meanwhile (two clusters
+        # started at once, as pytest-xdist's workers do): all then use the one token, never a half-written file.
         path = token_file()
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
+        fd, aside = tempfile.mkstemp(dir=path.parent, prefix=".auth_token.")  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, path)
+        finally:
+            os.unlink(aside)
         token = _read_token()
         assert token
     register_secret(token)

@@ -89,6 +89,7 @@ class Supervisor:
         self.tags = tags
         self.stream = stream.for_run(tags[1])  # warnings shown in earlier launches of the run stay shown
         self.cursors = {rank: 0 for rank in range(len(members))}
+        self.ended: set[int] = set()  # ranks whose command has ended and handed out every line
         self.rank_tails: dict[tuple[int, int], list[str]] = {}
         self.outcome = Outcome()
         self.watchdog = hang.Watchdog(observe.watchdog)
@@ -188,8 +189,10 @@ class Supervisor:
                     except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
                         self._fail(rank, "lost", self._lost(rank, f"its node actor died ({type(e).__name__}); "
                                    "the node was removed, ran out of memory or was killed"))
-                        return self._finish(pending)
+                        return self._finish()
                     self._emit(rank, poll)
+                    if not poll.running:
+                        self.ended.add(rank)
                     if poll.running:
                         pending[self.actors[rank].poll.remote(poll.cursor, POLL_WAIT_S)] = rank
                     elif poll.exit_code not in (0, None):
@@ -200,18 +203,18 @@ class Supervisor:
                             self._fail(rank, "failed", failed)
                         else:  # the failure was the echo of a lost peer (a collective's peer vanished)
                             self._fail(lost, "lost", self._lost(lost, f"its node actor died; {failed} after it"))
-                        return self._finish(pending)
+                        return self._finish()
                 why = self.watchdog.why(out.last_iteration) if pending else None
                 if why:
                     self._on_hang(why)
-                    return self._finish(pending)
+                    return self._finish()
                 if self.deadline is not None and time.monotonic() >= self.deadline and pending:
                     out.kind, out.message = "timeout", f"the launch ran past its timeout ({self.timeout_s:g}s)"
                     out.hint = "raise timeout_s in the spec if the job needs longer"
-                    return self._finish(pending)
+                    return self._finish()
         except KeyboardInterrupt:
             out.kind, out.message = "cancelled", "cancelled (Ctrl-C or `ray job stop`)"
-            return self._finish(pending)
+            return self._finish()
         if pending:  # the standby nodes: their exec'd commands (MPI daemons) end with the launch
             self.stop([self.members[rank] for rank in pending.values()])
         return out
@@ -268,10 +271,12 @@ class Supervisor:
             metrics.record_culprit(*self.tags, culprit.node)
         return verdict
 
-    def _finish(self, pending: dict) -> Outcome:
-        """Stop every still-running node, then drain the lines they printed while stopping."""
+    def _finish(self) -> Outcome:
+        """Stop every still-running node, then drain the lines they printed while stopping. Not only the ranks
+        with a poll pending: a Ctrl-C / SIGTERM lands between taking a poll's result and asking again as often
+        as not (it is sent on seeing a line), and that rank's command must stop too."""
         out = self.outcome
-        running = set(pending.values())
+        running = set(range(len(self.members))) - self.ended
         self._close_stream()
         say(f"stopping {len(running)} node(s): {out.message.splitlines()[0] if out.message else ''}")
         self.stopping = True
