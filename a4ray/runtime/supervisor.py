@@ -101,6 +101,8 @@ class Supervisor:
 
     def _emit(self, rank: int, poll: Poll) -> None:
         node = self.members[rank]
+        # Taken first: a Ctrl-C landing among these lines must not have the stop's drain hand them out again.
+        self.cursors[rank] = poll.cursor
         if poll.dropped and not self.stopping:
             say(f"[n{node}] ... {poll.dropped} lines not streamed (driver fell behind); "
                 f"they are in the node log")
@@ -126,7 +128,6 @@ class Supervisor:
         del tail[:-LAST_LINES]
         if poll.lines:
             self.watchdog.output()
-        self.cursors[rank] = poll.cursor
 
     def _on_progress(self, progress: Progress) -> None:
         out = self.outcome
@@ -285,6 +286,8 @@ class Supervisor:
             try:
                 poll = ray.get(self.actors[rank].poll.remote(self.cursors[rank], 0.0), timeout=30)
                 self._emit(rank, poll)
+            except KeyboardInterrupt:  # a second Ctrl-C while stopping: the nodes are stopped already
+                continue
             except Exception:  # noqa: BLE001 - an actor that died while stopping is reported as lost
                 out.lost.add(rank)
         return out
