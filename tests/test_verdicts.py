@@ -64,3 +64,26 @@ def test_stacks_alone_name_the_rank_outside_the_collective_and_nothing_names_no_
     assert judge({}, {}, [], NODES, NPROC).culprits == []
     all_inside = [*WAITING, StackDump(rank="3", node=1, pid=103, where="all_reduce (distributed_c10d.py:3252)")]
     assert judge({}, {}, all_inside, NODES, NPROC).culprits == []
+
+
+def test_a_straggler_is_flagged_after_its_windows_and_its_gauge_stays_up_after_a_recovery(monkeypatch):
+    """The straggler rule window by window, with the gauge each window sets (recorded here, not exported)."""
+    from a4ray.observe import metrics
+    from a4ray.observe.straggler import ComputeWindow, StragglerCheck
+    from a4ray.spec.resilience import StragglerSpec
+
+    gauges = []
+    monkeypatch.setattr(metrics, "record_node_window",
+                        lambda job, run, node, t, straggler: gauges.append((node.node, straggler)))
+    nodes = [*NODES, NodeRef(node=2, host="sim-host-003", ip="127.0.0.4")]
+    check = StragglerCheck(StragglerSpec(threshold=1.0, windows=2), nodes, [1, 1, 1], ("job", "run"))
+    seconds = [[0.02, 0.021, 0.09], [0.02, 0.02, 0.08], [0.02, 0.022, 0.021], [0.02, 0.02, 0.02]]
+    flagged_now = [check.window(ComputeWindow(iteration=4 * (i + 1), seconds=s)) for i, s in enumerate(seconds)]
+    assert [[s.node.node for s in now] for now in flagged_now] == [[], [2], [], []]
+    assert check.flagged[0].iteration == 8 and check.flagged[0].slower_pct > 200
+    by_window = [gauges[i:i + 3] for i in range(0, len(gauges), 3)]
+    assert by_window == [[(0, False), (1, False), (2, w >= 1)] for w in range(4)]
+    # A node only once slower than the threshold (not for 2 windows in a row) is never flagged.
+    once = StragglerCheck(StragglerSpec(threshold=1.0, windows=2), nodes, [1, 1, 1], ("job", "run"))
+    assert [once.window(ComputeWindow(iteration=i, seconds=[0.09, 0.02, 0.02])) for i in (4,)] == [[]]
+    assert once.window(ComputeWindow(iteration=8, seconds=[0.02, 0.02, 0.02])) == [] and once.flagged == []

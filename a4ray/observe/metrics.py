@@ -21,7 +21,7 @@ Staging's own (`a4ray_stage_*`) are staging/display.py's. `observe/grafana.py` c
 Per node of the gang ({job,run,node,host}: node is its gang rank, host its machine), for the node verdicts:
 
   a4ray_node_step_time_seconds     that node's median rank compute time per step in the last window
-  a4ray_node_straggler             1 while the node is flagged a straggler, else 0 (set every window)
+  a4ray_node_straggler             1 once the node is flagged a straggler in the launch, else 0 (set every window)
   a4ray_hang_culprit_total         hang verdicts that named a rank of that node
 
 Metrics are created lazily, once per process: Ray refuses two metrics with one name in a process.
@@ -107,7 +107,7 @@ def record_node_window(job: str, run: str, node: NodeRef, step_time_s: float, st
     tags = _node_tags(job, run, node)
     _metric("gauge", "a4ray_node_step_time_seconds", "median rank compute time per step of this node in the last "
             "window", NODE_TAGS).set(step_time_s, tags=tags)
-    _metric("gauge", "a4ray_node_straggler", "1 while this node is flagged a straggler, else 0", NODE_TAGS).set(
+    _metric("gauge", "a4ray_node_straggler", "1 once this node is flagged a straggler in the launch, else 0", NODE_TAGS).set(
         1.0 if straggler else 0.0, tags=tags)
 def record_conversion_part(job: str, node: str, nbytes: int, seconds: float) -> None:
     """One part of a native conversion written: its bytes, and the rate it was written at."""

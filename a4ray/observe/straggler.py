@@ -6,7 +6,8 @@ not count). Here each node's time is the median of its ranks', the gang's the me
 slower than the gang's by more than `observe.straggler.threshold` for `observe.straggler.windows` windows in a
 row is flagged: a progress line naming node, host and how much slower, the `a4ray_node_straggler` metric, and
 the launch's `stragglers` (so the run record and the node history). Every window sets every node's
-`a4ray_node_step_time_seconds` and `a4ray_node_straggler`, so their series exist from the first window.
+`a4ray_node_step_time_seconds` and `a4ray_node_straggler`, so their series exist from the first window; the
+straggler gauge stays 1 once a node is flagged, as the run record does (the step time shows any recovery).
 
 megatron-core's `StragglerDetector` (megatron.core.utils) does not fit: it times whole steps (waits
 included, so the slow rank looks fastest), needs CUDA events, and reports the min/max ranks, not a node.
@@ -73,7 +74,8 @@ class StragglerCheck:
             flagged = self.slow_windows[i] >= self.spec.windows
             if t is not None:
                 try:
-                    metrics.record_node_window(*self.tags, node, t, flagged)
+                    ever = flagged or any(s.node == node for s in self.flagged)
+                    metrics.record_node_window(*self.tags, node, t, ever)
                 except Exception:  # noqa: BLE001 - metrics are an aid; a metrics hiccup must not end the launch
                     pass
             if flagged and self.slow_windows[i] == self.spec.windows:  # flagged now (again after a recovery)
