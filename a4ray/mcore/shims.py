@@ -10,6 +10,11 @@ megatron-core lives here; each has its reason next to it:
   device before it copies tensors out (a CPU-only torch raises there).
 * `moe_utils.te_general_gemm = None`: mcore 0.16 names it in the router's forward without importing it
   when Transformer Engine is absent (NameError).
+* `torch.compile` off (`torch._dynamo.config.disable`): megatron-core wraps its small fused functions
+  (`megatron.core.jit.jit_fuser`: the gated DeltaNet's gated norm, SwiGLU, ...) in `torch.compile`. On the CPU
+  inductor then builds C++ kernels in every process at the first forward: 14 s of the rehearsal's first
+  iteration per rank (of 0.2 s for a later one), and again in the conversion's verifier. Uncompiled, the
+  same functions run eagerly: the same math. On GPUs they stay compiled, as megatron-core means them.
 * RNG tracker: dropout and expert init fork the CUDA RNG state (`get_cuda_rng_tracker().fork()`); on the
   CPU the fork does nothing (the tracker still records the seeds it was given, so a checkpoint carries
   non-empty `rng_tracker_states`, which Megatron-LM's loader insists on).
@@ -240,6 +245,7 @@ def apply() -> bool:
     warnings.filterwarnings("ignore", module=r"megatron\.")
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda device=None: None  # dist_checkpointing's writer syncs before copying
+    importlib.import_module("torch._dynamo.config").disable = True  # mcore's jit_fuser: eager on the CPU
 
     from megatron.core.tensor_parallel import random as mcore_random
     from megatron.core.transformer.moe import moe_utils
