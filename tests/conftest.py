@@ -40,6 +40,17 @@ SESSION_GPUS = 2
 NODE_SECRET = "a4ray-nodeSECRET-0123456789abcdef"
 
 
+# The longest modules first (their durations in CI's output), so that on xdist workers (`-n 2 --dist loadfile
+# --no-loadscope-reorder`) no long module starts last and runs alone; the rest keep their order.
+LONGEST_FIRST = ["test_pipeline", "test_culprits", "test_dashboard", "test_notebooks", "test_local_up", "test_convert",
+                 "test_gang", "test_api", "test_cli", "test_observe"]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: each module's own order kept
+
+
 @pytest.fixture(scope="session")
 def _session_cluster():
     cluster = SimulatedCluster(SESSION_NODES, SESSION_GPUS,

@@ -98,13 +98,16 @@ def _label(names: list[str]) -> str:
 
 
 def plan(hf: HFCheckpoint, arch: Architecture, job: ConvertJob, dtype: torch.dtype) -> NativePlan:
-    """Split the model into contiguous parts of about equal bytes, one task each."""
+    """Split the model into contiguous parts of about equal bytes, one task each: as many as the nodes' task
+    slots, fewer where parts would fall below `convert.min_part_mb` (never fewer than the nodes)."""
     c = job.convert
     nodes = job.cluster.nodes
     runs = [(name, run, sum(s.numel for s in run) * dtype.itemsize) for name, run in groups(slots(arch))]
     extras = {name: run for name, run in groups(extra_states(arch, c.naming))}
     total = sum(r[2] for r in runs)
-    count = 1 if c.format == "legacy" else min(len(runs), nodes * c.tasks_per_node)
+    # One part per task slot, but none below min_part_mb while fewer parts still give every node one.
+    worth = max(nodes, math.ceil(total / (c.min_part_mb * 1e6))) if c.min_part_mb else nodes * c.tasks_per_node
+    count = 1 if c.format == "legacy" else min(len(runs), nodes * c.tasks_per_node, worth)
     # Each group goes to the part its middle byte falls in: contiguous, balanced, every part non-empty
     # unless one group outweighs a whole part's share (then fewer, larger parts).
     buckets: list[list] = [[] for _ in range(count)]

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveFloat
 
-from a4ray.spec.fields import PathStr, PositiveInt, Spec
+from a4ray.spec.fields import NonNegativeInt, PathStr, PositiveInt, Spec
 from a4ray.spec.job import JobSpec, job_kind
 
 
@@ -64,6 +64,10 @@ class ConvertSpec(Spec):
     format: Literal["torch_dist", "legacy"] = Field(
         "torch_dist", description="torch_dist (parallelism-independent) or the legacy per-rank torch format")
     tasks_per_node: PositiveInt = Field(4, description="native: conversion tasks run at once on each node")
+    min_part_mb: NonNegativeInt = Field(
+        256, description="native: no part below this many MB where fewer parts cover the nodes: each part is a task, "
+        "a process that starts Ray and torch (seconds of CPU), which a small part does not repay; 0: one part per "
+        "task slot")
     max_mb_s_per_task: PositiveFloat | None = Field(
         None, description="native: cap each task's write rate (MB/s), to share a filer with running jobs")
     verify: VerifySpec = VerifySpec()
