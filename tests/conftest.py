@@ -30,7 +30,7 @@ import pytest
 import ray
 
 from a4ray.runtime.connect import NAMESPACE
-from a4ray.runtime.simulated import SimulatedCluster, simulated_ip
+from a4ray.runtime.simulated import SimulatedCluster
 from a4ray.spec import load_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,7 +120,7 @@ class ExtraNodes:
 
     def ip(self, index: int) -> str:
         """Node `index`'s own address (its Ray node IP)."""
-        return simulated_ip(self._index[index])
+        return self.session.ip(self._index[index])
 
     def remove_node(self, index: int) -> None:
         """Kill node `index` abruptly, as a lost A4 node would be."""
@@ -132,7 +132,7 @@ class ExtraNodes:
             self.remove_node(index)
 
 
-_extra_node_index = iter(range(SESSION_NODES + 1, 250))  # never reused: each node its own 127.0.0.x and host label
+_extra_node_index = iter(range(SESSION_NODES + 1, 250))  # never reused: each node its own address and host label
 
 
 @pytest.fixture

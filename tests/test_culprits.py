@@ -73,7 +73,7 @@ def test_a_hang_in_a_users_program_names_the_rank_from_the_stacks(local_cluster,
     assert verdict.culprits[0].where == "load_batch (stuck.py:8)"
     assert verdict.collective is None and verdict.waiting == [0, 1, 2]
     assert verdict.evidence[0].startswith("stacks of rank(s) 0-3 (no flight record: no flight-record server")
-    assert re.search(r"culprit: rank 3 on node 1 \(\S+, 127\.0\.0\.\d+", message), message
+    assert re.search(r"culprit: rank 3 on node 1 \(\S+, 127\.0\.\d+\.\d+", message), message
 
 
 def test_a_hang_names_the_rank_that_never_joined_and_the_retry_keeps_off_its_node(local_cluster, tmp_path, capfd):

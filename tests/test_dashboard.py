@@ -214,7 +214,7 @@ def test_node_actors_carry_run_step_rank_and_host_in_topology_order(dash):
     assert run.status() == "SUCCEEDED" and run.root.name.startswith("qwen3-next-local-")
     actors = {a["name"]: a for a in _actors(dash) if a["name"].startswith(run.id)}
     # The driver's topology order: "  node <rank>: <host> (<ip>, <location>) gpus=... actor <name>".
-    order = re.findall(r"node (\d): \S+ \((127\.0\.0\.\d+), [^)]*\) gpus=\S+ actor (\S+)", dash["stream"])
+    order = re.findall(r"node (\d): \S+ \((127\.0\.\d+\.\d+), [^)]*\) gpus=\S+ actor (\S+)", dash["stream"])
     assert {name for _, _, name in order} == set(actors), (order, sorted(actors))
     assert {f"{run.id}-{step}-n{r}" for step in ("preflight", "train") for r in (0, 1)} == set(actors)
     nodes = json.loads(_get(f"{dash['address']}/api/v0/nodes?detail=1&limit=100", dash["token"]))

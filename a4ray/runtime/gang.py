@@ -256,14 +256,19 @@ class Gang:
             for rank, launch in enumerate(launches)
         ]
         actors = [self.actors[g] for g in members]
-        try:
-            infos = ray.get([a.launch.remote(r, env_name) for a, r in zip(actors, requests)])
-        except ray.exceptions.RayTaskError as e:
-            self._stop(members)  # the nodes that did start must not run on alone
-            if isinstance(e.cause, A4RayError):
-                raise e.cause from None
-            raise
-        say("\n".join(summarize_reports([info.env_report for info in infos], members, log_dir)))
+        infos = {}  # rank -> what its node launched; a node lost while launching is the supervisor's to report
+        for rank, ref in enumerate([a.launch.remote(r, env_name) for a, r in zip(actors, requests)]):
+            try:
+                infos[rank] = ray.get(ref)
+            except ray.exceptions.RayTaskError as e:
+                self._stop(members)  # the nodes that did start must not run on alone
+                if isinstance(e.cause, A4RayError):
+                    raise e.cause from None
+                raise
+            except ray.exceptions.RayActorError:
+                pass  # its first poll finds the actor gone: "node N was lost", and the restart policy decides
+        say("\n".join(summarize_reports([info.env_report for info in infos.values()], [members[r] for r in infos],
+                                         log_dir)))
         if nodes is not None or any(launch.standby for launch in launches):
             say(f"launch {launch_id}: nodes {members}" + "".join(
                 f"; n{members[r]} standby" for r, launch in enumerate(launches) if launch.standby))

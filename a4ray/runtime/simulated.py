@@ -4,8 +4,11 @@ Each simulated node is a real Ray node (its own raylet, via `ray.cluster_utils.C
 GPUs, the machine-type resource an A4 node advertises, and node labels carrying a simulated physical
 topology under the same keys GKE uses, so the gang code cannot tell it from A4 nodes. Where this
 machine has enough real GPUs, each node gets its own slice of them (CUDA_VISIBLE_DEVICES of its raylet),
-so NCCL runs across "nodes" for real. Each node also gets its own loopback address (127.0.0.2, .3, ...)
-as its Ray node IP, so rendezvous addresses, MPI hostfiles and OpenMPI itself see distinct hosts.
+so NCCL runs across "nodes" for real. Each node also gets its own loopback address (127.0.B.2, .3, ...)
+as its Ray node IP, so rendezvous addresses, MPI hostfiles and OpenMPI itself see distinct hosts. B is the
+cluster's own block of loopback addresses (`LoopbackBlock`): two clusters on one machine (two `a4ray local
+up`, a test suite's workers) never share a node address, so a call meant for one cluster's node can never
+reach a process of the other's that took the same port.
 
 Like every local cluster of a4ray it runs with Ray token authentication (`a4ray.runtime.auth`), its head
 bound to loopback unless `host` says otherwise, and its processes (and so the jobs submitted to it) find the
@@ -15,6 +18,7 @@ Python a4ray runs in first on PATH, whether or not its virtualenv was activated.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import socket
@@ -39,7 +43,7 @@ SIMULATED_LABEL = "a4ray.io/simulated"
 LOCAL_ROOT_ENV = "A4RAY_LOCAL_ROOT"
 NODES_PER_SUBBLOCK = 4  # so a simulated topology has more than one subblock to order
 DASHBOARD_PORT = 8265
-# Every simulated node is a raylet and its workers on this one machine (and has its own 127.0.0.x address):
+# Every simulated node is a raylet and its workers on this one machine (and has its own 127.0.B.x address):
 # more than this is no rehearsal a machine can hold.
 MAX_SIMULATED_NODES = 32
 
@@ -58,11 +62,37 @@ def simulated_location(index: int, topology: TopologySpec) -> dict[str, str]:
     }
 
 
-def simulated_ip(index: int) -> str:
-    """Simulated node `index`'s own address: all of 127.0.0.0/8 reaches this machine on Linux."""
+def simulated_ip(index: int, block: int = 0) -> str:
+    """Simulated node `index`'s own address in loopback block `block`: all of 127.0.0.0/8 reaches this machine
+    on Linux."""
     if not 0 <= index < 250:
         raise ValueError(f"simulated node index {index} out of range (0..249)")
-    return f"127.0.0.{2 + index}"
+    return f"127.0.{block}.{2 + index}"
+
+
+class LoopbackBlock:
+    """A block of loopback addresses (127.0.B.0/24) this process holds for one cluster's nodes until `release()`
+    (or its exit): a lock file per block, under a directory every user's a4ray shares on this machine."""
+
+    DIR = Path("/tmp/a4ray-loopback")
+
+    def __init__(self):
+        self.DIR.mkdir(mode=0o1777, exist_ok=True)
+        for block in range(256):
+            f = open(self.DIR / f"{block}.lock", "a")  # noqa: SIM115 - held for the cluster's life
+            with contextlib.suppress(OSError):
+                os.chmod(f.name, 0o666)
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.close()
+                continue
+            self.block, self._lock = block, f
+            return
+        raise RuntimeError(f"every loopback block (127.0.0-255.x) is held by another local cluster ({self.DIR})")
+
+    def release(self) -> None:
+        self._lock.close()
 
 
 def physical_gpu_ids() -> list[str]:
@@ -150,6 +180,12 @@ class SimulatedCluster:
         self._gpu_slices: list[str] | None = None
         self._tmp_root: str | None = None  # each node's own /tmp (see _separate_host_env)
         self._undo: list[auth.Undo] = []
+        self._loopback: LoopbackBlock | None = None
+
+    def ip(self, index: int) -> str:
+        """Simulated node `index`'s own address (the cluster's loopback block, once started)."""
+        assert self._loopback is not None or not self.loopback_ips
+        return simulated_ip(index, self._loopback.block) if self._loopback else self.host
 
     @property
     def address(self) -> str:
@@ -183,6 +219,8 @@ class SimulatedCluster:
         if self.dashboard:  # Ray's usual port where it is free: another cluster on this machine may hold it
             head["dashboard_port"] = self.dashboard_port or (DASHBOARD_PORT if _port_free(DASHBOARD_PORT) else _free_port())
         self._tmp_root = tempfile.mkdtemp(prefix="a4ray-sim-")
+        if self.loopback_ips:
+            self._loopback = LoopbackBlock()
         # The head's processes (its Ray Client proxy, its dashboard) take these from this process.
         with _environ({**HEAD_ENV, **(self.prometheus.head_env() if self.prometheus else {})}):
             self.cluster = Cluster(initialize_head=True, head_node_args=head,
@@ -208,7 +246,7 @@ class SimulatedCluster:
                 self._gpu_slices[index * self.gpus_per_node:(index + 1) * self.gpus_per_node])
         labels = {**simulated_location(index, self.topology), SIMULATED_LABEL: "true",
                   "a4ray.io/machine-type": machine_type}
-        ip = {"node_ip_address": simulated_ip(index)} if self.loopback_ips else {}
+        ip = {"node_ip_address": self.ip(index)} if self.loopback_ips else {}
         node = self.cluster.add_node(
             num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node if gpus is None else gpus,
             resources={machine_type: 1}, labels=labels, env_vars=env,
@@ -279,5 +317,8 @@ class SimulatedCluster:
         if self._tmp_root is not None:
             shutil.rmtree(self._tmp_root, ignore_errors=True)
             self._tmp_root = None
+        if self._loopback is not None:
+            self._loopback.release()
+            self._loopback = None
         while self._undo:
             self._undo.pop()()
