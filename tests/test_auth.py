@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import ray._private.ray_constants as ray_constants
+from ray._raylet import Config
 from ray._private.authentication.authentication_utils import is_token_auth_enabled
 
 from a4ray.core.redact import redact
@@ -22,7 +24,16 @@ def test_the_token_is_made_once_for_this_user_only_and_masked(tmp_path, monkeypa
     assert "RAY_AUTH_TOKEN_PATH=" in auth.submit_hint("http://127.0.0.1:8265")
 
 
-def test_the_token_is_offered_to_this_machine_only_and_taken_back(tmp_path, monkeypatch):
+@pytest.fixture
+def ray_config_restored():
+    """Ray caches its config (token mode among it) per process: `use_token_for`'s undo re-reads it with this test's
+    environment, so once the environment is back (monkeypatch's undo runs before this one's), read it again, or this
+    process's later calls to the session cluster go without the token."""
+    yield
+    Config.initialize("")
+
+
+def test_the_token_is_offered_to_this_machine_only_and_taken_back(ray_config_restored, tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "auth_token"))
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     auth.ensure_token()
