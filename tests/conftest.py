@@ -6,8 +6,8 @@ lands on them), removed after it: seconds, where a cluster of their own (`fresh_
 start and the session's reconnect. Subprocess tests that must not find the session cluster run with
 `isolated_env()` (their own RAY_TMPDIR, no RAY_ADDRESS).
 
-The suite can run on pytest-xdist workers side by side (`-n 3 --dist loadfile`, see pyproject): each worker has its
-own session cluster and takes whole modules.
+`make test` runs the suite on two pytest-xdist workers side by side (`-n 2 --dist loadfile`, see the Makefile):
+each worker has its own session cluster (its own loopback block of node addresses) and takes whole modules.
 So a test must not assume it is alone on the machine: it finds its own processes by a marker of its own (a launch
 id, a tmp path, its RAY_TMPDIR) or below its own process tree, and takes free ports.
 """
