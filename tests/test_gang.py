@@ -4,6 +4,7 @@ must end the whole gang with a message naming the node and leave no process of t
 
 from __future__ import annotations
 
+import fcntl
 import json
 import threading
 import time
@@ -19,6 +20,7 @@ from a4ray.driver.execute import run
 from a4ray.runtime import gang as gang_module
 from a4ray.runtime.gang import Gang, cluster_growth
 from a4ray.runtime.process import LAUNCH_ID_VAR
+from a4ray.runtime.simulated import simulated_ip
 from a4ray.spec.cluster import GKE_HOST_LABEL
 from a4ray.workloads.generic import Command
 
@@ -259,3 +261,22 @@ def test_a_peer_failing_because_a_node_was_lost_names_the_lost_node(extra_nodes,
     assert str(error).startswith("node 1 (") and "was lost" in str(error), str(error)
     assert error.result.failure_kind == "lost"
     assert_no_leftovers(error.result.launch_id, within_s=60)
+
+
+def test_two_local_clusters_never_share_a_node_address(local_cluster):
+    """Each local cluster's nodes take addresses from a loopback block it alone holds while it runs (the session
+    cluster holds one now): a second claim gets another block, and a released block is free again."""
+    from a4ray.runtime.simulated import LoopbackBlock
+
+    session = {local_cluster.ip(i) for i in range(3)}
+    other = LoopbackBlock()
+    try:
+        assert other.block != local_cluster._loopback.block
+        assert not session & {simulated_ip(i, other.block) for i in range(3)}
+        held = open(LoopbackBlock.DIR / f"{other.block}.lock")
+        with pytest.raises(BlockingIOError):  # held: no other cluster can take it
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        other.release()
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released: free for the next cluster
+    held.close()

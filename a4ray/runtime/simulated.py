@@ -77,9 +77,14 @@ class LoopbackBlock:
     DIR = Path("/tmp/a4ray-loopback")
 
     def __init__(self):
-        self.DIR.mkdir(mode=0o1777, exist_ok=True)
+        with contextlib.suppress(OSError):
+            self.DIR.mkdir(exist_ok=True)
+            os.chmod(self.DIR, 0o1777)  # every user's clusters take blocks from the same directory
         for block in range(256):
-            f = open(self.DIR / f"{block}.lock", "a")  # noqa: SIM115 - held for the cluster's life
+            try:
+                f = open(self.DIR / f"{block}.lock", "a")  # noqa: SIM115 - held for the cluster's life
+            except OSError:  # another user's block, not writable by this one
+                continue
             with contextlib.suppress(OSError):
                 os.chmod(f.name, 0o666)
             try:
@@ -89,7 +94,8 @@ class LoopbackBlock:
                 continue
             self.block, self._lock = block, f
             return
-        raise RuntimeError(f"every loopback block (127.0.0-255.x) is held by another local cluster ({self.DIR})")
+        raise RuntimeError(f"no loopback block (127.0.0-255.x) is free: every one is held by another local cluster "
+                           f"or not writable ({self.DIR})")
 
     def release(self) -> None:
         self._lock.close()
