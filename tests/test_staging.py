@@ -316,7 +316,11 @@ def test_losing_the_staging_service_mid_download_resumes_with_a_new_one(local_cl
         if snaps and snaps[0].bytes > 2**20:
             break
         time.sleep(0.05)
+    holder = int((tmp_path / "ws" / ".shard.a4ray-lock").read_text().split(" pid ")[1].split()[0])
     ray.kill(service)  # the owner of the staging dies; its task dies with it
+    # Ray kills the orphaned task's worker soon, not at once: the old download stays slow until it is gone, so
+    # it cannot finish the file first (that outcome, `cached`, would be right too, but would show no resume).
+    _wait_gone(holder, timeout=60)
     server.rate = None
     thread.join(timeout=120)
     assert len(results) == 1 and not isinstance(results[0], BaseException), results
@@ -325,6 +329,17 @@ def test_losing_the_staging_service_mid_download_resumes_with_a_new_one(local_cl
     assert (target / "shard.bin").read_bytes() == data
     ranges = [r.range for r in server.log if r.method == "GET"]
     assert ranges[0] is None and all(r and r.startswith("bytes=") for r in ranges[1:]), ranges
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the staging task's worker (pid {pid}) outlived its owner by {timeout}s")
 
 
 def _catch(into: list, fn) -> None:
