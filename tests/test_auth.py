@@ -7,8 +7,8 @@ import os
 
 import pytest
 import ray._private.ray_constants as ray_constants
-from ray._raylet import Config
 from ray._private.authentication.authentication_utils import is_token_auth_enabled
+from ray._raylet import Config
 
 from a4ray.core.redact import redact
 from a4ray.runtime import auth

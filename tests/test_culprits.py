@@ -23,9 +23,9 @@ from a4ray.core.errors import GangHang
 from a4ray.core.node_history import NodeHistory
 from a4ray.driver.execute import run
 from a4ray.observe.verdicts import HangVerdict
+from a4ray.runtime.gang import Gang
 from a4ray.staging.standins import make_all
 from a4ray.workloads.doctor import Doctor
-from a4ray.runtime.gang import Gang
 from a4ray.workloads.generic import Command
 
 pytestmark = pytest.mark.slow
@@ -263,7 +263,7 @@ def test_a_node_made_slower_is_flagged_a_straggler_and_an_even_gang_flags_none(l
         flags = scrape(rf'^ray_a4ray_node_straggler\{{.*run="{run_id}"')
         time.sleep(1)
     assert len(flags) == 3, flags
-    assert all(line.endswith((" 1.0", " 1")) == (f'node="2"' in line) for line in flags), flags
+    assert all(line.endswith((" 1.0", " 1")) == ('node="2"' in line) for line in flags), flags
     assert any(f'host="{node2.host}"' in line for line in flags)
     assert len(scrape(rf'^ray_a4ray_node_step_time_seconds\{{.*run="{run_id}"')) == 3
 

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import PYTHON, REPO, isolated_env
+from upstream import PAI_DLC_ENV, PAI_RUN_ARGS, pai_standin
 
 from a4ray.driver.main import main as pipeline_main
 from a4ray.pipeline.runner import PipelineResult
-from conftest import PYTHON, REPO, isolated_env
-from upstream import PAI_DLC_ENV, PAI_RUN_ARGS, pai_standin
 
 pytestmark = pytest.mark.slow
 PROFILE = str(REPO / "jobs" / "qwen3_next_local.yaml")

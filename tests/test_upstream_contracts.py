@@ -20,9 +20,21 @@ from a4ray.spec.nccl import NCCL_TESTS_DIRS
 from a4ray.trainers import trainer_for
 from a4ray.workloads.internode import DeepEPTest
 from tests.conftest import PYTHON, REPO, isolated_env
-from tests.upstream import (DEEPEP_CASES, DEEPEP_LINES, DEEPEP_OPTIONS, NCCL_TESTS_AVG_FORMAT, NCCL_TESTS_COLUMNS,
-                            NCCL_TESTS_CONCLUDED_FORMAT, NCCL_TESTS_OOB_FORMAT, NCCL_TESTS_WRONG_FORMAT,
-                            PAI_CONVERTER_ARGS, PAI_CONVERTERS, PAI_DLC_ENV, PAI_RUN_ARGS, pai_run_name)
+from tests.upstream import (
+    DEEPEP_CASES,
+    DEEPEP_LINES,
+    DEEPEP_OPTIONS,
+    NCCL_TESTS_AVG_FORMAT,
+    NCCL_TESTS_COLUMNS,
+    NCCL_TESTS_CONCLUDED_FORMAT,
+    NCCL_TESTS_OOB_FORMAT,
+    NCCL_TESTS_WRONG_FORMAT,
+    PAI_CONVERTER_ARGS,
+    PAI_CONVERTERS,
+    PAI_DLC_ENV,
+    PAI_RUN_ARGS,
+    pai_run_name,
+)
 
 WS, CKPT = "/mnt", "/mnt/ckpts/mcore/latest"
 

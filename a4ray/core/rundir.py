@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import psutil
-
 from pydantic import BaseModel
 
 from a4ray.core.errors import A4RayError

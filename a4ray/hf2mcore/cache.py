@@ -23,7 +23,7 @@ import psutil
 from pydantic import BaseModel
 
 from a4ray.core.console import say, warn
-from a4ray.hf2mcore.writer import TRACKER
+from a4ray.mcore.names import TRACKER
 
 RECORD = "a4ray-convert.json"
 OWNER = ".a4ray-owner"  # in a temporary directory: the process writing it

@@ -13,12 +13,11 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import ray
 import torch
 
-from a4ray.core.console import say, table
+from a4ray.core.console import say
 from a4ray.core.errors import (
     ConvertFailed,
     ConvertInputError,
@@ -40,31 +39,13 @@ from a4ray.hf2mcore.cache import (
 )
 from a4ray.hf2mcore.hf import HFCheckpoint, fingerprint
 from a4ray.hf2mcore.mapping import dropped, hf_tensors, torch_dtype
-from a4ray.hf2mcore.writer import TRACKER
+from a4ray.hf2mcore.convert_result import ConvertResult
 from a4ray.mcore.architecture import Architecture
+from a4ray.mcore.names import TRACKER
 from a4ray.runtime.connect import Connection
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.conversion import ConvertJob
-from a4ray.workloads.workload import Plan, Workload, WorkloadResult
-
-
-class ConvertResult(WorkloadResult):
-    kind: str = "convert"
-    status: Literal["ran", "cached", "skipped", "failed"]
-    backend: str
-    checkpoint: str = ""  # the committed checkpoint root: give it to the trainer as --load
-    key: str = ""
-    seconds: float = 0.0
-    bytes: int = 0
-    parts: list[PartRecord] = []
-    verify: VerifyReport | None = None
-
-    def table(self) -> str:
-        if not self.parts:
-            return ""
-        rows = [[p.index, p.groups, p.node, f"{p.bytes / 1e6:.1f}", f"{p.seconds:.2f}",
-                 f"{p.bytes / 1e6 / max(p.seconds, 1e-9):.0f}"] for p in self.parts]
-        return table("conversion parts", ["part", "groups", "node", "MB", "s", "MB/s"], rows)
+from a4ray.workloads.workload import Plan, Workload
 
 
 class ConvertPlan(Plan):

@@ -41,7 +41,8 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from a4ray.hf2mcore.mapping import ExtraState, Unit
 from a4ray.mcore.architecture import Architecture, Naming
-from a4ray.mcore.checkpointing import CHECKPOINT_VERSION, RELEASE, TRACKER
+from a4ray.mcore.names import CHECKPOINT_VERSION, RELEASE, TRACKER
+
 TORCH_DIST_MARKER = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                      "common_backend": "torch", "common_backend_version": 1}
 # What Megatron-LM 0.13+ records about how the sharded state dict was built; mcore's defaults.

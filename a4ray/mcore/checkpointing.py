@@ -35,11 +35,7 @@ import torch
 import torch.distributed as dist
 
 from a4ray.mcore.architecture import Architecture, Naming
-from a4ray.mcore.names import sharded_renames
-
-TRACKER = "latest_checkpointed_iteration.txt"
-RELEASE = "release"
-CHECKPOINT_VERSION = 3.0  # Megatron-LM's current checkpoint_version (QKV layout of mcore)
+from a4ray.mcore.names import CHECKPOINT_VERSION, RELEASE, TRACKER, sharded_renames
 
 
 class CheckpointMismatch(ValueError):

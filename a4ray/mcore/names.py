@@ -9,6 +9,11 @@ from __future__ import annotations
 from a4ray.core.errors import UnsupportedModel
 from a4ray.mcore.architecture import Architecture, Naming
 
+# A Megatron checkpoint directory: the tracker file names its newest iteration ("release": a converted model).
+TRACKER = "latest_checkpointed_iteration.txt"
+RELEASE = "release"
+CHECKPOINT_VERSION = 3.0  # Megatron-LM's current checkpoint_version (QKV layout of mcore)
+
 LAYERS = _L = "decoder.layers."  # the stacked layers' prefix
 # role -> naming -> (sharded key, state key format). {l}: layer, {e}: expert.
 NAMES: dict[str, dict[str, tuple[str, str]]] = {

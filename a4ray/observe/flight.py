@@ -31,6 +31,7 @@ from pydantic import BaseModel
 
 from a4ray.observe.verdicts import Collective
 
+
 class _UnixHTTP(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float):
         super().__init__("localhost", timeout=timeout)

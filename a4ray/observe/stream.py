@@ -16,6 +16,7 @@ Anything else, errors and tracebacks above all, is shown whole.
 from __future__ import annotations
 
 import re
+
 from a4ray.programs.record import RESULT_MARKER
 
 # Python's warnings.formatwarning: "{filename}:{lineno}: {category}: {message}", then the source line, indented.

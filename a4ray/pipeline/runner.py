@@ -17,74 +17,16 @@ node and rank) and `result.json`, rewritten after every step.
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any
 
-from a4ray.core.console import say, table
+from a4ray.core.console import say
 from a4ray.core.errors import A4RayError, Cancelled, SpecError
-from a4ray.core.results import Result, axes, register_result
 from a4ray.core.rundir import RunDir
-from a4ray.observe.progress import Progress, history
 from a4ray.pipeline import nodefs
-from a4ray.pipeline.steps import Context, Step, StepResult, failed, steps_of
+from a4ray.pipeline.pipeline_result import PipelineResult, StepResult, first_line
+from a4ray.pipeline.steps import Context, Step, failed, steps_of
 from a4ray.runtime.connect import Connection
-from a4ray.spec.recipes import RECIPE_KINDS, STEPS, RecipeJob
+from a4ray.spec.recipes import STEPS, RecipeJob
 from a4ray.trainers import trainer_for
-
-
-class PipelineResult(Result):
-    job: str
-    run_dir: str = ""
-    workspace: str = ""
-    cancelled: bool = False
-    steps: list[StepResult] = []
-
-    def table(self) -> str:
-        rows = [[s.name, s.status, f"{s.seconds:.1f}s" if s.status != "not-run" else "-", s.runs,
-                 _first_line(s.detail)] for s in self.steps]
-        return table(f"pipeline {self.job}", ["step", "status", "time", "runs", "detail"], rows)
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.ok else 130 if self.cancelled else 1
-
-    def rows(self) -> list[dict[str, Any]]:
-        return [{"step": s.name, "status": s.status, "seconds": s.seconds, "runs": s.runs,
-                 "detail": _first_line(s.detail)} for s in self.steps]
-
-    def step(self, name: str) -> StepResult:
-        try:
-            return next(s for s in self.steps if s.name == name)
-        except StopIteration:
-            names = ", ".join(s.name for s in self.steps)
-            raise KeyError(f"no step {name!r} in this pipeline (steps: {names})") from None
-
-    def progress(self) -> list[Progress]:
-        """The train step's logged iterations (loss, step time, ...), from its rank logs in the run directory."""
-        return history(Path(self.run_dir) / "logs" / "train")
-
-    def summary(self) -> dict[str, Any]:
-        last = (self.progress() or [None])[-1]
-        return {**{s.name: s.status for s in self.steps},
-                "iteration": last.iteration if last else None, "loss": last.loss if last else None,
-                "step ms": last.step_time_ms if last else None}
-
-    def plot(self, ax=None):
-        points = [(p.iteration, p.loss) for p in self.progress() if p.loss is not None]
-        if not points:
-            raise A4RayError(f"no training iterations logged in {Path(self.run_dir) / 'logs' / 'train'}",
-                             hint="the train step did not run here, or its logs are not visible from this machine")
-        ax = axes(ax, title=f"{self.job}: lm loss", xlabel="iteration", ylabel="lm loss")
-        ax.plot(*zip(*points), marker=".")
-        return ax
-
-
-def _first_line(text: str, width: int = 110) -> str:
-    line = text.splitlines()[0] if text else ""
-    return line if len(line) <= width else line[: width - 3] + "..."
-
-
-register_result(PipelineResult, *RECIPE_KINDS)
 
 
 class Pipeline:
@@ -201,7 +143,7 @@ def _run_step(step: Step, ctx: Context) -> StepResult:
         say(f"step {step.name}: FAILED: {outcome.detail}")
         return outcome
     outcome.seconds, outcome.runs = time.monotonic() - t0, step.runs()
-    say(f"step {step.name}: {outcome.status} in {outcome.seconds:.1f}s: {_first_line(outcome.detail, 200)}")
+    say(f"step {step.name}: {outcome.status} in {outcome.seconds:.1f}s: {first_line(outcome.detail, 200)}")
     return outcome
 
 
@@ -219,5 +161,5 @@ def _verdict(result: PipelineResult, seconds: float) -> str:
     if result.ok:
         return "OK: " + ", ".join(f"{s.name} {s.status}" for s in result.steps) + f" in {seconds:.1f}s"
     bad = next(s for s in result.steps if s.status == "failed")
-    return f"FAILED at {bad.name}: {_first_line(bad.detail, 300)}"
+    return f"FAILED at {bad.name}: {first_line(bad.detail, 300)}"
 

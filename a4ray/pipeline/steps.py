@@ -15,15 +15,14 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, ClassVar, Literal
-
-from pydantic import BaseModel
+from typing import ClassVar
 
 from a4ray.core.console import say
 from a4ray.core.errors import A4RayError, SpecError, StagingFailed, StepError
 from a4ray.core.rundir import RunDir
 from a4ray.hf2mcore.converter import ConvertWorkload
 from a4ray.pipeline import nodefs
+from a4ray.pipeline.pipeline_result import StepResult
 from a4ray.runtime.connect import Connection
 from a4ray.spec.conversion import ConvertJob
 from a4ray.spec.recipes import RecipeJob
@@ -32,18 +31,7 @@ from a4ray.staging.stager import plan as staging_plan
 from a4ray.trainers import Trainer, trainer_for
 from a4ray.workloads.doctor import Doctor, report
 
-Status = Literal["ran", "cached", "skipped", "failed", "cancelled", "not-run"]
 TRAIN_MARKER = "a4ray-train.json"
-
-
-class StepResult(BaseModel):
-    name: str
-    status: Status
-    seconds: float = 0.0
-    runs: str = ""  # what does the work, here
-    detail: str = ""  # what happened, or why not (the first line is the summary)
-    outputs: dict[str, str] = {}
-    result: dict[str, Any] | None = None  # the step's own typed result, as JSON
 
 
 @dataclass

@@ -562,8 +562,8 @@ def _actor_log_not_forwarded() -> None:
     only its own job's lines. The driver streams each node's lines already (the supervisor polls them, with
     their node and rank), so the actor's copy is marked as no job's (the nil job id): the dashboard still
     shows it in the actor's Log tab, and the driver's stream does not say everything twice."""
-    from ray._private import ray_constants
     from ray import JobID
+    from ray._private import ray_constants
 
     sys.stdout.write(f"{ray_constants.LOG_PREFIX_JOB_ID}{JobID.nil().hex()}\n")
     sys.stdout.flush()

@@ -6,8 +6,16 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from a4ray.spec.fields import (MAX_CPUS_PER_NODE, MAX_GPUS_PER_NODE, MAX_NODES, EnvVars, PathStr, Seconds, Spec,
-                               workspace_problem)
+from a4ray.spec.fields import (
+    MAX_CPUS_PER_NODE,
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    EnvVars,
+    PathStr,
+    Seconds,
+    Spec,
+    workspace_problem,
+)
 
 # GKE's node labels for the physical topology of A4 nodes (block > subblock > host). The pod launcher
 # copies the node's GCE `physical_host` into Ray node labels under these same keys.

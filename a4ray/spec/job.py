@@ -17,7 +17,7 @@ from a4ray.core.redact import MASK, is_secret_name
 from a4ray.spec.cluster import ClusterSpec, NetworkSpec, StorageSpec
 from a4ray.spec.fields import Seconds, Spec, escapes_workspace, write_path_problem
 from a4ray.spec.kuberay import KubeRaySpec
-from a4ray.spec.overrides import dotted, apply_overrides, dump_yaml, parse_sets
+from a4ray.spec.overrides import apply_overrides, dotted, dump_yaml, parse_sets
 from a4ray.spec.resilience import DoctorSpec, ObserveSpec, RestartSpec
 
 JOB_KINDS: dict[str, type[JobSpec]] = {}

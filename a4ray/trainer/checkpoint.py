@@ -17,7 +17,8 @@ import os
 import shutil
 from pathlib import Path
 
-TRACKER = "latest_checkpointed_iteration.txt"
+from a4ray.mcore.names import TRACKER
+
 RUN_CONFIG = "run_config.json"
 TOKENIZER_GLOBS = ("tokenizer*", "vocab.json", "merges.txt", "special_tokens_map.json", "chat_template*")
 

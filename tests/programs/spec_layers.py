@@ -20,8 +20,8 @@ from a4ray.mcore.model import gpt_model, have_te, init_standalone
 
 def main(converted: str, hf_dir: str) -> None:
     from megatron.core.dist_checkpointing import ShardedTensor
-    from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
     from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
 
     init_standalone()
     arch = HFCheckpoint.open(hf_dir).architecture()
