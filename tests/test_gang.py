@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,7 +23,7 @@ from a4ray.driver.execute import run
 from a4ray.runtime import gang as gang_module
 from a4ray.runtime.gang import Gang, cluster_growth
 from a4ray.runtime.process import LAUNCH_ID_VAR
-from a4ray.runtime.simulated import simulated_ip
+from a4ray.runtime.simulated import _unadvertised, simulated_ip
 from a4ray.spec.cluster import GKE_HOST_LABEL
 from a4ray.workloads.generic import Command
 
@@ -280,3 +283,32 @@ def test_two_local_clusters_never_share_a_node_address(local_cluster):
         other.release()
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released: free for the next cluster
     held.close()
+
+
+def test_a_private_embedded_cluster_is_never_joined_by_another_process(local_cluster, tmp_path, monkeypatch):
+    """An embedded cluster lives as long as its process: a second rehearsal started while it runs gets its own
+    (joining it, it would fail when the first one finishes). The session cluster is such a cluster: another
+    process with the same Ray temp directory finds no cluster to join. What Ray had recorded for the machine
+    before one starts is put back; `a4ray local up`'s cluster (not private) stays recorded."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    probe = ("from a4ray.runtime.connect import will_embed, _running_local_address;"
+             "print(will_embed(), _running_local_address())")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "None"], out.stdout + out.stderr
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    from ray._common.utils import get_ray_address_file
+
+    recorded = Path(get_ray_address_file(None))
+    recorded.parent.mkdir(parents=True, exist_ok=True)
+    recorded.write_text("127.0.0.1:6379")  # a `ray start` head's
+    with _unadvertised(private=True):
+        recorded.write_text("127.0.0.1:7000")  # as Ray's Cluster writes its head's
+    assert recorded.read_text() == "127.0.0.1:6379"
+    recorded.unlink()
+    with _unadvertised(private=True):
+        recorded.write_text("127.0.0.1:7000")
+    assert not recorded.exists()
+    with _unadvertised(private=False):
+        recorded.write_text("127.0.0.1:7000")
+    assert recorded.read_text() == "127.0.0.1:7000"

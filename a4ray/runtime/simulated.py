@@ -151,6 +151,26 @@ def _environ(values: dict[str, str]):
             os.environ.pop(key, None)
 
 
+@contextlib.contextmanager
+def _unadvertised(private: bool):
+    """Ray's test Cluster records its head's address for the whole machine (`ray_current_cluster`, where
+    `ray.init("auto")` and a4ray's `connect` look for a running cluster). A private cluster (one process's
+    embedded cluster, gone when it exits) puts back what was there: a second rehearsal started meanwhile
+    would otherwise join it and fail when the first one finishes."""
+    from ray._common.utils import get_ray_address_file
+
+    path = Path(get_ray_address_file(None))
+    before = path.read_text() if private and path.is_file() else None
+    try:
+        yield
+    finally:
+        if private:
+            if before is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_text(before)
+
+
 class SimulatedCluster:
     def __init__(self, nodes: int, gpus_per_node: int, *, machine_type: str = "a4-highgpu-8g",
                  topology: TopologySpec | None = None, cpus_per_node: int = 4,
@@ -228,7 +248,8 @@ class SimulatedCluster:
         if self.loopback_ips:
             self._loopback = LoopbackBlock()
         # The head's processes (its Ray Client proxy, its dashboard) take these from this process.
-        with _environ({**HEAD_ENV, **(self.prometheus.head_env() if self.prometheus else {})}):
+        with _environ({**HEAD_ENV, **(self.prometheus.head_env() if self.prometheus else {})}), \
+                _unadvertised(private=not self.persistent):
             self.cluster = Cluster(initialize_head=True, head_node_args=head,
                                    shutdown_at_exit=not self.persistent)
         if self.prometheus:
