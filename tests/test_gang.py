@@ -23,7 +23,7 @@ from a4ray.driver.execute import run
 from a4ray.runtime import gang as gang_module
 from a4ray.runtime.gang import Gang, cluster_growth
 from a4ray.runtime.process import LAUNCH_ID_VAR
-from a4ray.runtime.simulated import _unadvertised, simulated_ip
+from a4ray.runtime.simulated import _unadvertised, machine_cores, simulated_ip
 from a4ray.spec.cluster import GKE_HOST_LABEL
 from a4ray.workloads.generic import Command
 
@@ -264,6 +264,18 @@ def test_a_peer_failing_because_a_node_was_lost_names_the_lost_node(extra_nodes,
     assert str(error).startswith("node 1 (") and "was lost" in str(error), str(error)
     assert error.result.failure_kind == "lost"
     assert_no_leftovers(error.result.launch_id, within_s=60)
+
+
+def test_simulated_nodes_give_their_programs_a_share_of_the_machines_cores(local_cluster, tmp_path):
+    """Simulated nodes share this machine: a program a node runs gets its rank's share of the cores in
+    OMP_NUM_THREADS (the session cluster: 3 nodes x 2 GPUs), not Ray's 1 for the node actor, and not a
+    thread per core in every rank of every node."""
+    spec = job("command", "cluster.nodes=3", "cluster.gpus_per_node=2",
+               "command.argv=[bash, -c, 'echo OMP=$OMP_NUM_THREADS']", workspace=tmp_path)
+    result, _ = run_gang(spec)
+    assert result.ok
+    share = max(1, machine_cores() // 6)
+    assert [next(t for t in n.last_lines if t.startswith("OMP=")) for n in result.nodes] == [f"OMP={share}"] * 3
 
 
 def test_two_local_clusters_never_share_a_node_address(local_cluster):
