@@ -107,7 +107,7 @@ def _up(args: argparse.Namespace) -> int:
     try:
         cluster = SimulatedCluster(args.nodes, args.gpus_per_node, machine_type=args.machine_type,
                                    dashboard=True, dashboard_port=args.dashboard_port,
-                                   client_port=args.client_port or None, host=args.host, name=NAME,
+                                   client_port=args.client_port or None, host=args.host, name=NAME, shared=True,
                                    prometheus=prometheus.LocalPrometheus() if metrics else None)
     except A4RayError as error:  # a shape no cluster has: said before any Ray process starts
         return error_exit(error)

@@ -187,7 +187,7 @@ class SimulatedCluster:
     def __init__(self, nodes: int, gpus_per_node: int, *, machine_type: str = "a4-highgpu-8g",
                  topology: TopologySpec | None = None, cpus_per_node: int = 4,
                  dashboard: bool = False, dashboard_port: int | None = None, client_port: int | None = None,
-                 object_store_mb: int = 256, persistent: bool = False, loopback_ips: bool = True,
+                 object_store_mb: int = 256, shared: bool = False, loopback_ips: bool = True,
                  node_env: dict[int, dict[str, str]] | None = None, host: str = auth.LOOPBACK,
                  prometheus: LocalPrometheus | None = None, name: str = "embedded local Ray cluster"):
         # Its shape is a cluster spec's (the same limits), refused before any Ray process starts.
@@ -207,7 +207,9 @@ class SimulatedCluster:
         self.dashboard_port = dashboard_port
         self.client_port = client_port  # Ray Client server (ray://) on the head, if set
         self.object_store_mb = object_store_mb
-        self.persistent = persistent
+        # The machine's cluster (`a4ray local up`): recorded where other processes look for a running one
+        # (`ray job submit`, `a4ray.connect()`); else it is this process's alone (see _unadvertised).
+        self.shared = shared
         self.loopback_ips = loopback_ips
         self.node_env = node_env or {}  # extra env of one node's processes (e.g. a misconfigured node)
         self.host = host  # the head's address: loopback (this machine only) unless asked otherwise
@@ -261,9 +263,9 @@ class SimulatedCluster:
             self._loopback = LoopbackBlock()
         # The head's processes (its Ray Client proxy, its dashboard) take these from this process.
         with _environ({**HEAD_ENV, **(self.prometheus.head_env() if self.prometheus else {})}), \
-                _unadvertised(private=not self.persistent):
+                _unadvertised(private=not self.shared):
             self.cluster = Cluster(initialize_head=True, head_node_args=head,
-                                   shutdown_at_exit=not self.persistent)
+                                   shutdown_at_exit=True)
         if self.prometheus:
             self.prometheus.start(self.cluster.head_node.get_session_dir_path())
         for index in range(self.nodes):
