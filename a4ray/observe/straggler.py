@@ -55,9 +55,10 @@ class StragglerCheck:
         self.flagged: list[Straggler] = []
 
     def window(self, w: ComputeWindow) -> list[Straggler]:
-        """Judge one window; returns the nodes it flagged now (each is said and kept in `flagged`)."""
+        """Judge one window; returns `flagged`: one entry per node ever flagged in the launch. A node flagged
+        again after it caught up is said again, and its entry counts it and takes the latest figures."""
         if not self.spec.enabled or len(w.seconds) != sum(self.nproc) or len(self.nodes) < 2:
-            return []
+            return self.flagged
         per_node, first = [], 0
         for n in self.nproc:
             times = [t for t in w.seconds[first:first + n] if math.isfinite(t)]
@@ -65,9 +66,8 @@ class StragglerCheck:
             first += n
         known = [t for t in per_node if t is not None]
         if len(known) < 2:
-            return []
+            return self.flagged
         gang = statistics.median(known)
-        new = []
         for i, (node, t) in enumerate(zip(self.nodes, per_node)):
             slow = t is not None and gang > 0 and t > gang * (1 + self.spec.threshold)
             self.slow_windows[i] = self.slow_windows[i] + 1 if slow else 0
@@ -79,9 +79,13 @@ class StragglerCheck:
                 except Exception:  # noqa: BLE001 - metrics are an aid; a metrics hiccup must not end the launch
                     pass
             if flagged and self.slow_windows[i] == self.spec.windows:  # flagged now (again after a recovery)
+                earlier = [k for k, s in enumerate(self.flagged) if s.node == node]
                 straggler = Straggler(node=node, iteration=w.iteration, step_time_s=t, gang_median_s=gang,
-                                      slower_pct=(t / gang - 1) * 100, windows=self.spec.windows)
+                                      slower_pct=(t / gang - 1) * 100, windows=self.spec.windows,
+                                      times=self.flagged[earlier[0]].times + 1 if earlier else 1)
                 say(straggler.line())
-                self.flagged.append(straggler)
-                new.append(straggler)
-        return new
+                if earlier:
+                    self.flagged[earlier[0]] = straggler
+                else:
+                    self.flagged.append(straggler)
+        return self.flagged

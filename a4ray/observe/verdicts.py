@@ -76,9 +76,11 @@ class Straggler(BaseModel):
     gang_median_s: float
     slower_pct: float
     windows: int
+    times: int = 1  # how often it was flagged in the launch (again after it caught up in between); the latest figures
 
     def line(self) -> str:
+        again = f" (flagged {self.times} times in this launch)" if self.times > 1 else ""
         return (f"straggler: {self.node.describe()} computes {self.slower_pct:.0f}% slower than the gang's median "
                 f"({self.step_time_s:.3f}s vs {self.gang_median_s:.3f}s per step) for {self.windows} window(s), "
-                f"up to iteration {self.iteration}")
+                f"up to iteration {self.iteration}{again}")
 

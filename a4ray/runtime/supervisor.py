@@ -109,7 +109,7 @@ class Supervisor:
         tail = self.outcome.tails.setdefault(rank, [])
         for line in poll.lines:
             if line.compute is not None:  # a window of every rank's compute time: judged, kept in the logs
-                self.outcome.stragglers += self.stragglers.window(line.compute)
+                self.outcome.stragglers = list(self.stragglers.window(line.compute))
                 continue
             if line.local_rank is not None:
                 who = f"n{node} r{rank * self.nproc[rank] + line.local_rank}"
