@@ -198,8 +198,9 @@ def standins(tmp_path_factory):
 
 def _slow_down(marker: str, node: int, stop: threading.Event, stopped_s: float = 0.04, period_s: float = 0.05) -> None:
     """Make node `node`'s ranks slower from outside: SIGSTOP / SIGCONT at a duty cycle (a throttled GPU, a noisy
-    neighbour), until `stop` is set. The running slot is shorter than a step's compute (~20 ms here), so every
-    step is slowed: with a longer one, a rank resumed at the end of a collective computes inside it, unslowed."""
+    neighbour), until `stop` is set. The running slot is shorter than a step's compute (4 micro-batches, ~40 ms
+    here; one took 10 ms, which fit in a slot now and then), so every step is slowed: with a longer one, a rank
+    resumed at the end of a collective computes inside it, unslowed."""
     ranks: list[psutil.Process] = []
     while not stop.is_set():
         if not ranks:
@@ -228,7 +229,7 @@ def _megatron_on_three_nodes(tmp_path: Path, standins: dict, slow_node: int | No
     spec = spec.set("command.argv", [
         "-m", "a4ray.mcore", "--model", str(standins["qwen3-moe-tiny"]), "--save", str(save), "--data-path",
         str(standins["qwen-datasets"] / "mmap_qwen3_datasets_text_document"), "--seq-length", "32",
-        "--global-batch-size", "3", "--train-iters", "24", "--log-interval", "4", "--save-interval", "1000",
+        "--global-batch-size", "12", "--train-iters", "24", "--log-interval", "4", "--save-interval", "1000",
         "--distributed-optimizer", "off", "--naming", "local", "--threads", "1"])
     stop = threading.Event()
     slower = threading.Thread(target=_slow_down, args=(str(save), slow_node, stop), daemon=True)
