@@ -305,7 +305,7 @@ class SimulatedCluster:
         """Simulated nodes share this machine's cores, so each rank gets its share of them (OMP_NUM_THREADS,
         the node's own setting: its programs keep it), as a rank on a machine of its own gets that machine's.
         Without it every rank of every node starts a thread per core: 4 ranks on 2 cores spent 8-10 s in the
-        first Megatron iteration, which takes 0.35 s with one thread each. A value set here is kept."""
+        first Megatron iteration, which takes 0.35 s with one thread each. A value in this process's env is kept."""
         if "OMP_NUM_THREADS" in os.environ:
             return {}
         ranks = self.nodes * max(1, self.gpus_per_node)
