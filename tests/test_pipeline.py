@@ -226,7 +226,8 @@ def test_local_nodes_4_cancelled_then_resumed_and_3_on_the_session_cluster(tmp_p
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
     assert pipeline_main("qwen3_next", ["--local-nodes", "3", "--gpus-per-node", "1", *_SHORT, "--set",
-                                        "train.output=logs/on-3-nodes", "--result", "r3.json"]) == 0
+                                        "train.output=logs/on-3-nodes", "--set", "train.iterations=4", "--set",
+                                        "train.save_interval=4", "--result", "r3.json"]) == 0
     out = capsys.readouterr().out
     assert "train.megatron.parallel.ep=1" in out and "ep 1 dp 3" in out and "global batch 12" in out
     result = json.loads((tmp_path / "r3.json").read_text())
