@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -191,6 +192,16 @@ def wait_gone(marker: str, within_s: float = 30) -> list[str]:
     return left
 
 
+def fresh_checkout(tmp_path_factory) -> Path:
+    """A newcomer's checkout as far as `a4ray local up` and `ray job submit --working-dir .` see it: the local
+    rehearsal's job file and the repo's .gitignore line (`--working-dir .` leaves a4ray's state behind)."""
+    checkout = tmp_path_factory.mktemp("checkout")
+    (checkout / "jobs").mkdir()
+    shutil.copy(REPO / "jobs" / "qwen3_next_local.yaml", checkout / "jobs")
+    (checkout / ".gitignore").write_text(".a4ray/\n")
+    return checkout
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -200,12 +211,42 @@ def free_port() -> int:
 @dataclass(frozen=True)
 class LocalUp:
     """A running `a4ray local up`: the directory it started in (its jobs' run directories are under
-    `root/.a4ray`), the environment to reach it with, its job API and its Ray Client addresses."""
+    `root/.a4ray`), the environment to reach it with, its job API address, its Ray Client port (0: none), the
+    process and what it said up to "ready"."""
 
     root: Path
     env: dict[str, str]
     address: str
-    client: str
+    client_port: int
+    head: subprocess.Popen
+    said: str
+
+    @property
+    def client(self) -> str:
+        return f"ray://127.0.0.1:{self.client_port}"
+
+
+@contextlib.contextmanager
+def local_up(root: Path, env: dict[str, str], *options: str, ray_client: bool = True):
+    """`a4ray local up --nodes 2 --gpus-per-node 1 <options>` in `root`, as a person starts it, on free ports,
+    while the block runs. Stopped with Ctrl-C after (unless a test stopped it), its processes gone with it."""
+    dashboard, client = free_port(), free_port() if ray_client else 0
+    head = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "local", "up", "--nodes", "2", "--gpus-per-node", "1",
+                             "--dashboard-port", str(dashboard), "--client-port", str(client), *options],
+                            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = []
+    try:
+        for line in head.stdout:
+            said.append(line)
+            if "ready" in line:
+                break
+        else:
+            pytest.fail("a4ray local up did not come up:\n" + "".join(said))
+        yield LocalUp(root, env, f"http://127.0.0.1:{dashboard}", client, head, "".join(said))
+    finally:
+        head.send_signal(signal.SIGINT)
+        head.wait(timeout=90)
+        assert not wait_gone(env["RAY_TMPDIR"])
 
 
 @pytest.fixture(scope="session")
@@ -215,26 +256,7 @@ def shared_local_up(tmp_path_factory):
     on first use; at the end of the session it must leave no process behind."""
     root = tmp_path_factory.mktemp("local-up")
     env = isolated_env(root, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    with local_up(root, env) as (address, client):
-        yield LocalUp(root, env, address, client)
-    assert not wait_gone(env["RAY_TMPDIR"])
+    with local_up(root, env) as up:
+        yield up
 
 
-@contextlib.contextmanager
-def local_up(cwd: Path, env: dict[str, str], nodes: int = 2, gpus: int = 1):
-    """`a4ray local up` (2 simulated nodes x 1 GPU) running while the block runs; yields its job API
-    address and its Ray Client address."""
-    dashboard, client = free_port(), free_port()
-    head = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "local", "up", "--nodes", str(nodes), "--gpus-per-node",
-                             str(gpus), "--dashboard-port", str(dashboard), "--client-port", str(client)],
-                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        for line in head.stdout:
-            if "ready" in line:
-                break
-        else:
-            pytest.fail("a4ray local up did not come up")
-        yield f"http://127.0.0.1:{dashboard}", f"ray://127.0.0.1:{client}"
-    finally:
-        head.send_signal(signal.SIGINT)
-        head.wait(timeout=60)

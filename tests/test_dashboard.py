@@ -18,7 +18,6 @@ import base64
 import json
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from conftest import PYTHON, REPO, free_port, isolated_env, wait_gone
+from conftest import PYTHON, REPO, fresh_checkout, isolated_env, local_up
 
 import a4ray
 from a4ray.observe.grafana import PANELS
@@ -58,27 +57,14 @@ def _get(url: str, token: str, timeout: float = 30) -> bytes:
 def dash(tmp_path_factory):
     if not (CHROMIUM and shutil.which("prometheus")):
         pytest.fail("needs Debian's chromium and prometheus: make system-deps")
-    checkout = tmp_path_factory.mktemp("checkout")
-    (checkout / "jobs").mkdir()
-    shutil.copy(REPO / "jobs" / "qwen3_next_local.yaml", checkout / "jobs")
-    (checkout / ".gitignore").write_text(".a4ray/\n")
+    checkout = fresh_checkout(tmp_path_factory)
     env = isolated_env(checkout)
-    port, started = free_port(), time.time()
-    head = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "local", "up", "--nodes", "2", "--gpus-per-node", "1",
-                             "--dashboard-port", str(port), "--client-port", "0", "--metrics"],
-                            cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    said = []
-    try:
-        for line in head.stdout:
-            said.append(line)
-            if "ready" in line:
-                break
-        else:
-            pytest.fail("a4ray local up did not come up:\n" + "".join(said))
-        said = "".join(said)
+    started = time.time()
+    with local_up(checkout, env, "--metrics", ray_client=False) as up:
+        said = up.said
         gcs = re.search(r" at (\S+): \d+ simulated ", said).group(1)
         prometheus = re.search(r"Prometheus at (http://\S+)", said).group(1)
-        address = f"http://127.0.0.1:{port}"
+        address = up.address
         token = subprocess.run([RAY, "get-auth-token"], env=env, capture_output=True, text=True,
                                check=True).stdout.strip()
         # A run through the Python API (named on the Jobs page), then the rehearsal as the README submits it.
@@ -99,10 +85,6 @@ def dash(tmp_path_factory):
         yield {"checkout": checkout, "env": env, "address": address, "said": said, "token": token, "started": started,
                "prometheus": prometheus, "ddp_run": re.search(r"RUN (\S+)", api.stdout).group(1),
                "submission": re.search(r"(raysubmit_\w+)", out).group(1), "stream": out}
-    finally:
-        head.send_signal(signal.SIGINT)
-        head.wait(timeout=90)
-        assert not wait_gone(env["RAY_TMPDIR"])
 
 
 def _actors(dash) -> list[dict]:

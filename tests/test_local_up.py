@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import PYTHON, REPO, free_port, isolated_env, wait_gone
+from conftest import PYTHON, fresh_checkout, isolated_env, local_up, wait_gone
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).parent / "ray")  # the venv's CLI, by path: PATH below does not have it
@@ -37,46 +35,27 @@ def _without_venv(path: str) -> str:
 @pytest.fixture(scope="module")
 def up(tmp_path_factory):
     """`a4ray local up` in a fresh checkout (jobs/ only), its venv not on PATH, RAY_AUTH_MODE not set."""
-    checkout = tmp_path_factory.mktemp("checkout")
-    (checkout / "jobs").mkdir()
-    shutil.copy(REPO / "jobs" / "qwen3_next_local.yaml", checkout / "jobs")
-    (checkout / ".gitignore").write_text(".a4ray/\n")  # as the repo's: `--working-dir .` leaves it behind
+    checkout = fresh_checkout(tmp_path_factory)
     env = isolated_env(checkout, PATH=_without_venv(os.environ["PATH"]))
     env.pop("RAY_AUTH_MODE")
-    dashboard, client = free_port(), free_port()
-    head = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "local", "up", "--nodes", "2", "--gpus-per-node", "1",
-                             "--dashboard-port", str(dashboard), "--client-port", str(client)],
-                            cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    said = []
-    try:
-        for line in head.stdout:
-            said.append(line)
-            if "ready" in line:
-                break
-        else:
-            pytest.fail("a4ray local up did not come up:\n" + "".join(said))
-        yield {"checkout": checkout, "env": env, "address": f"http://127.0.0.1:{dashboard}", "said": "".join(said),
-               "head": head, "client": client}
-    finally:
-        head.send_signal(signal.SIGINT)
-        head.wait(timeout=60)
-        assert not wait_gone(env["RAY_TMPDIR"])
+    with local_up(checkout, env) as up:
+        yield up
 
 
 def _submit(up, *command: str, auth: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = dict(up["env"], **({"RAY_AUTH_MODE": "token"} if auth else {}))
-    return subprocess.run([RAY, "job", "submit", "--address", up["address"], "--working-dir", ".", "--", *command],
-                          cwd=up["checkout"], env=env, capture_output=True, text=True, timeout=timeout)
+    env = dict(up.env, **({"RAY_AUTH_MODE": "token"} if auth else {}))
+    return subprocess.run([RAY, "job", "submit", "--address", up.address, "--working-dir", ".", "--", *command],
+                          cwd=up.root, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_the_control_plane_is_closed_and_says_how_to_submit(up):
-    said = up["said"]
-    assert f"RAY_AUTH_MODE=token RAY_ADDRESS={up['address']} ray job submit --working-dir . --" in said
+    said = up.said
+    assert f"RAY_AUTH_MODE=token RAY_ADDRESS={up.address} ray job submit --working-dir . --" in said
     token = (Path.home() / ".ray" / "auth_token").read_text().strip()
     assert token and token not in said
     assert oct((Path.home() / ".ray" / "auth_token").stat().st_mode & 0o777) == "0o600"
     # Unauthenticated: the Jobs API (remote code execution for whoever reaches it) refuses.
-    request = urllib.request.Request(f"{up['address']}/api/jobs/", method="POST", data=json.dumps(
+    request = urllib.request.Request(f"{up.address}/api/jobs/", method="POST", data=json.dumps(
         {"entrypoint": "echo pwned"}).encode(), headers={"Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)
@@ -84,8 +63,8 @@ def test_the_control_plane_is_closed_and_says_how_to_submit(up):
     denied = _submit(up, "echo", "pwned", auth=False, timeout=60)
     assert denied.returncode != 0 and "pwned" not in denied.stdout
     # The head listens on loopback only: GCS, dashboard and job API, Ray Client.
-    tree = [up["head"].pid] + [p.pid for p in psutil.Process(up["head"].pid).children(recursive=True)]
-    head_ports = {int(up["address"].rsplit(":", 1)[1]), up["client"]}
+    tree = [up.head.pid] + [p.pid for p in psutil.Process(up.head.pid).children(recursive=True)]
+    head_ports = {int(up.address.rsplit(":", 1)[1]), up.client_port}
     listening = [c for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.pid in tree]
     gcs = [c for c in listening if "gcs_server" in " ".join(psutil.Process(c.pid).cmdline()[:1])]
     assert gcs and all(c.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1") for c in gcs), gcs
@@ -111,14 +90,14 @@ def _stage_directly(checkout: Path) -> str:
 
 
 def test_stage_on_a_fresh_checkout_makes_the_standins_it_stages(up):
-    out = _stage_directly(up["checkout"])  # no stand-ins there yet
+    out = _stage_directly(up.root)  # no stand-ins there yet
     assert "stand-ins in" in out and "3 artifact(s) (3 ran)" in out
 
 
 def test_the_rehearsal_staged_directly_then_submitted_is_a_cache_hit(up):
-    checkout = up["checkout"]
+    checkout = up.root
     made = subprocess.run([PYTHON, "-m", "a4ray.cli", "standins", "--out", ".a4ray/standins"], cwd=checkout,
-                          env=up["env"], capture_output=True, text=True, timeout=300)
+                          env=up.env, capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stderr
     _stage_directly(checkout)
     # The same inputs, submitted as a Ray job: its driver runs in a copy of the working dir.
@@ -140,20 +119,20 @@ def test_the_headline_command_rehearses_on_simulated_nodes_saying_so(up):
 
 def test_local_status_then_local_down_stops_it(up):
     """Last in the module: it stops the module's cluster the way a person does from another terminal."""
-    said = up["said"]
+    said = up.said
     assert "python -m a4ray.qwen3_next" in said and "ddp_test" not in said  # the README's headline job
     assert "local Ray cluster (a4ray local up) at" in said and "embedded" not in said
     cli = [PYTHON, "-m", "a4ray.cli", "local"]
-    status = subprocess.run([*cli, "status"], cwd=up["checkout"], env=up["env"], capture_output=True, text=True,
+    status = subprocess.run([*cli, "status"], cwd=up.root, env=up.env, capture_output=True, text=True,
                             timeout=120)
     assert status.returncode == 0, status.stdout + status.stderr
-    assert f"pid {up['head'].pid}" in status.stdout and "2 simulated a4-highgpu-8g node(s) x 1 GPUs" in status.stdout
-    assert f"dashboard and job API: {up['address']}" in status.stdout
-    down = subprocess.run([*cli, "down"], cwd=up["checkout"], env=up["env"], capture_output=True, text=True,
+    assert f"pid {up.head.pid}" in status.stdout and "2 simulated a4-highgpu-8g node(s) x 1 GPUs" in status.stdout
+    assert f"dashboard and job API: {up.address}" in status.stdout
+    down = subprocess.run([*cli, "down"], cwd=up.root, env=up.env, capture_output=True, text=True,
                           timeout=180)
     assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
-    assert up["head"].wait(timeout=30) == 0
-    assert not wait_gone(up["env"]["RAY_TMPDIR"])  # its nodes and head are gone with it
-    after = subprocess.run([*cli, "status"], cwd=up["checkout"], env=up["env"], capture_output=True, text=True,
+    assert up.head.wait(timeout=30) == 0
+    assert not wait_gone(up.env["RAY_TMPDIR"])  # its nodes and head are gone with it
+    after = subprocess.run([*cli, "status"], cwd=up.root, env=up.env, capture_output=True, text=True,
                            timeout=120)
     assert after.returncode == 1 and "no a4ray local up is running" in after.stdout

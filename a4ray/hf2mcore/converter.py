@@ -37,9 +37,9 @@ from a4ray.hf2mcore.cache import (
     cache_key,
     write_record,
 )
+from a4ray.hf2mcore.convert_result import ConvertResult
 from a4ray.hf2mcore.hf import HFCheckpoint, fingerprint
 from a4ray.hf2mcore.mapping import dropped, hf_tensors, torch_dtype
-from a4ray.hf2mcore.convert_result import ConvertResult
 from a4ray.mcore.architecture import Architecture
 from a4ray.mcore.names import TRACKER
 from a4ray.runtime.connect import Connection
