@@ -199,19 +199,23 @@ def standins(tmp_path_factory):
 
 
 # Makes node argv[2]'s ranks (of the run whose command holds argv[1]) slower from outside: SIGSTOP / SIGCONT at
-# a duty cycle (a throttled GPU, a noisy neighbour) until terminated. The running slot is shorter than a step's
+# a duty cycle (a throttled GPU, a noisy neighbour) until terminated, from when training starts (rank 0's log
+# under argv[3] says its iterations: slowing the imports too made the run 3x longer and tested nothing more). The running slot is shorter than a step's
 # compute (4 micro-batches, ~40 ms here; one took 10 ms, which fit in a slot now and then), so every step is
 # slowed: with a longer one, a rank resumed at the end of a collective computes inside it, unslowed. It is a
 # process of its own at a higher priority where it may be: as a thread of this busy test process on a loaded
 # machine its wake-ups came late, the slot grew, and the node was slowed only ~1.5x in some windows.
 SLOW_DOWN = """
-import contextlib, os, signal, sys, time
+import contextlib, os, pathlib, re, signal, sys, time
 import psutil
-marker, node = sys.argv[1], sys.argv[2]
+marker, node, workspace = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
 stopped_s, period_s = 0.04, 0.05
 with contextlib.suppress(OSError):
     os.nice(-10)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+while not any(re.search(r"iterations 1\\.\\.", log.read_text(errors="replace"))
+              for log in workspace.glob("runs/*/logs/rank-0000.log")):
+    time.sleep(0.05)
 ranks = []
 try:
     while True:
@@ -250,7 +254,7 @@ def _megatron_on_three_nodes(tmp_path: Path, standins: dict, slow_node: int | No
         "--global-batch-size", "12", "--train-iters", "24", "--log-interval", "4", "--save-interval", "1000",
         "--distributed-optimizer", "off", "--naming", "local", "--threads", "1"])
     slower = None if slow_node is None else \
-        subprocess.Popen([sys.executable, "-c", SLOW_DOWN, str(save), str(slow_node)])
+        subprocess.Popen([sys.executable, "-c", SLOW_DOWN, str(save), str(slow_node), str(tmp_path)])
     try:
         result = run(spec)
     finally:
