@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from a4ray.observe.progress import parse_progress, progress_summary
 from a4ray.observe.stacks import StackDump, summarize, where
+from a4ray.observe.verdicts import NodeRef, Straggler
 from a4ray.runtime.launch import GangResult, NodeResult
-from a4ray.runtime.restart import should_retry
+from a4ray.runtime.restart import keep_off, should_retry
 from a4ray.spec.resilience import RestartSpec
 
 MEGATRON = (" [2026-11-21 12:00:00] iteration       10/     100 | consumed samples:          640 | "
@@ -93,6 +94,21 @@ def test_restart_rules():
     assert not should_retry(failed(code=1), policy, 0)[0], "a crash before the first iteration looks like config"
     assert should_retry(failed(code=7), RestartSpec(max_restarts=1, retry_exit_codes=[7]), 0)[0]
     assert not should_retry(failed("lost"), RestartSpec(max_restarts=0), 0)[0]
+
+
+def test_the_next_attempt_keeps_off_the_lost_node_and_the_stragglers_with_why():
+    lost = failed("lost")
+    lost.nodes[0].host = "host-b"
+    slow = NodeRef(node=2, host="host-c", ip="10.0.0.3")
+    lost.stragglers = [Straggler(node=slow, iteration=40, step_time_s=0.9, gang_median_s=0.3, slower_pct=200,
+                                 windows=3)]
+    assert keep_off(lost) == {
+        "host-b": "node 1 (1.1.1.1) was lost in launch l",
+        "host-c": "node 2 (10.0.0.3) was a straggler in launch l, 200% slower than the gang's median"}
+    # A node both lost and flagged is kept off for the failure.
+    lost.stragglers[0].node = NodeRef(node=1, host="host-b", ip="1.1.1.1")
+    assert keep_off(lost) == {"host-b": "node 1 (1.1.1.1) was lost in launch l"}
+    assert keep_off(failed("failed")) == {}, "a crash is no node's fault on the evidence a4ray has"
 
 
 def test_the_stream_shows_each_warning_once_and_every_traceback_whole():

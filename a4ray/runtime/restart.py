@@ -1,4 +1,5 @@
-"""Whether a failed gang is worth another attempt (restart.* in the spec), and why.
+"""Whether a failed gang is worth another attempt (restart.* in the spec), and why; which nodes its failure
+is attributed to, and which nodes the next attempt keeps off.
 
 A lost node, a hang or an NCCL timeout is the fabric's fault: retry. A usage error, a missing module or
 file, an OOM or a crash before the first iteration is the job's: another attempt would fail the same
@@ -69,3 +70,14 @@ def blamed_nodes(result: GangResult) -> dict[str, tuple[NodeEventKind, str]]:
             blamed.setdefault(c.node.host, ("hang-culprit", f"rank {c.rank} on node {c.node.node} {what} "
                                                             f"(evidence: {', '.join(verdict.evidence)})"))
     return blamed
+
+
+def keep_off(result: GangResult) -> dict[str, str]:
+    """The hosts the next attempt keeps off, each with why: the nodes the failure is attributed to
+    (`blamed_nodes`), and the nodes flagged stragglers in the launch (the gang waited for them every step; a
+    restart is the moment to leave them, where the cluster has other nodes)."""
+    hosts = {host: why for host, (_, why) in blamed_nodes(result).items()}
+    for s in result.stragglers:
+        hosts.setdefault(s.node.host, f"node {s.node.node} ({s.node.ip}) was a straggler in launch "
+                                      f"{result.launch_id}, {s.slower_pct:.0f}% slower than the gang's median")
+    return hosts

@@ -23,7 +23,7 @@ from a4ray.runtime.connect import Connection
 from a4ray.runtime.gang import Gang
 from a4ray.runtime.launch import GangResult, Launch, NodeContext, Peer
 from a4ray.runtime.netenv import describe_env_plan
-from a4ray.runtime.restart import blamed_nodes, should_retry
+from a4ray.runtime.restart import blamed_nodes, keep_off, should_retry
 from a4ray.spec.job import JobSpec
 
 S = TypeVar("S", bound=JobSpec)
@@ -124,7 +124,7 @@ class Workload(ABC, Generic[S]):
         cache check, Ray tasks) overrides this."""
         spec, attempt = self.spec, 0
         history = NodeHistory(run_dir.workspace)
-        avoid: dict[str, str] = {}  # host -> why: the nodes the failed attempts are attributed to
+        avoid: dict[str, str] = {}  # host -> why: the nodes the failed attempts are attributed to, and stragglers
         while True:
             metrics.record_attempt(spec.name, run_dir.id, attempt)
             if attempt:
@@ -146,7 +146,7 @@ class Workload(ABC, Generic[S]):
                 if spec.restart.max_restarts or attempt:
                     say(f"not restarting: {why}")
                 return result
-            avoid.update({host: why for host, (_, why) in blamed.items()})
+            avoid.update(keep_off(result.gang))
             attempt += 1
             say(f"restarting in {spec.restart.backoff_s:g}s: {why}")
             time.sleep(spec.restart.backoff_s)
