@@ -6,7 +6,7 @@ from a4ray.observe.progress import parse_progress, progress_summary
 from a4ray.observe.stacks import StackDump, summarize, where
 from a4ray.observe.verdicts import NodeRef, Straggler
 from a4ray.runtime.launch import GangResult, NodeResult
-from a4ray.runtime.restart import keep_off, should_retry
+from a4ray.runtime.restart import blamed_nodes, keep_off, should_retry
 from a4ray.spec.resilience import RestartSpec
 
 MEGATRON = (" [2026-11-21 12:00:00] iteration       10/     100 | consumed samples:          640 | "
@@ -102,13 +102,14 @@ def test_the_next_attempt_keeps_off_the_lost_node_and_the_stragglers_with_why():
     slow = NodeRef(node=2, host="host-c", ip="10.0.0.3")
     lost.stragglers = [Straggler(node=slow, iteration=40, step_time_s=0.9, gang_median_s=0.3, slower_pct=200,
                                  windows=3)]
-    assert keep_off(lost) == {
+    assert keep_off(lost, blamed_nodes(lost)) == {
         "host-b": "node 1 (1.1.1.1) was lost in launch l",
         "host-c": "node 2 (10.0.0.3) was a straggler in launch l, 200% slower than the gang's median"}
     # A node both lost and flagged is kept off for the failure.
     lost.stragglers[0].node = NodeRef(node=1, host="host-b", ip="1.1.1.1")
-    assert keep_off(lost) == {"host-b": "node 1 (1.1.1.1) was lost in launch l"}
-    assert keep_off(failed("failed")) == {}, "a crash is no node's fault on the evidence a4ray has"
+    assert keep_off(lost, blamed_nodes(lost)) == {"host-b": "node 1 (1.1.1.1) was lost in launch l"}
+    crashed = failed("failed")
+    assert keep_off(crashed, blamed_nodes(crashed)) == {}, "a crash is no node's fault on the evidence a4ray has"
 
 
 def test_the_stream_shows_each_warning_once_and_every_traceback_whole():

@@ -72,11 +72,11 @@ def blamed_nodes(result: GangResult) -> dict[str, tuple[NodeEventKind, str]]:
     return blamed
 
 
-def keep_off(result: GangResult) -> dict[str, str]:
-    """The hosts the next attempt keeps off, each with why: the nodes the failure is attributed to
-    (`blamed_nodes`), and the nodes flagged stragglers in the launch (the gang waited for them every step; a
+def keep_off(result: GangResult, blamed: dict[str, tuple[NodeEventKind, str]]) -> dict[str, str]:
+    """The hosts the next attempt keeps off, each with why: the nodes the failure is attributed to (`blamed`,
+    from `blamed_nodes`), and the nodes flagged stragglers in the launch (the gang waited for them every step; a
     restart is the moment to leave them, where the cluster has other nodes)."""
-    hosts = {host: why for host, (_, why) in blamed_nodes(result).items()}
+    hosts = {host: why for host, (_, why) in blamed.items()}
     for s in result.stragglers:
         hosts.setdefault(s.node.host, f"node {s.node.node} ({s.node.ip}) was a straggler in launch "
                                       f"{result.launch_id}, {s.slower_pct:.0f}% slower than the gang's median")

@@ -146,7 +146,7 @@ class Workload(ABC, Generic[S]):
                 if spec.restart.max_restarts or attempt:
                     say(f"not restarting: {why}")
                 return result
-            avoid.update(keep_off(result.gang))
+            avoid.update(keep_off(result.gang, blamed))
             attempt += 1
             say(f"restarting in {spec.restart.backoff_s:g}s: {why}")
             time.sleep(spec.restart.backoff_s)
