@@ -198,56 +198,100 @@ def standins(tmp_path_factory):
     return make_all(tmp_path_factory.mktemp("standins"))
 
 
-# Makes node argv[2]'s ranks (of the run whose command holds argv[1]) slower from outside: SIGSTOP / SIGCONT at
-# a duty cycle (a throttled GPU, a noisy neighbour) until terminated, from when training starts (rank 0's log
-# under argv[3] says its iterations: slowing the imports too made the run 3x longer and tested nothing more). The running slot is shorter than a step's
-# compute (4 micro-batches, ~40 ms here; one took 10 ms, which fit in a slot now and then), so every step is
-# slowed: with a longer one, a rank resumed at the end of a collective computes inside it, unslowed. It is a
-# process of its own at a higher priority where it may be: as a thread of this busy test process on a loaded
-# machine its wake-ups came late, the slot grew, and the node was slowed only ~1.5x in some windows.
+# Makes node argv[2]'s ranks (of the run whose command holds argv[1]) slower from outside, as a throttled node
+# would be, from when training starts (rank 0's log under argv[3] says its iterations) until terminated:
+# - where this machine's cgroup CPU controller can be written (here: a VM of our own, as root), a CPU quota
+#   of 10% of one core on those ranks. The kernel enforces it whatever else runs;
+# - else SIGSTOP / SIGCONT at a duty cycle (stopped 9/10 of the time) and a lower priority (nice 10).
+# The duty cycle alone was not enough on a loaded machine: a rank resumed from a stop is a sleeper the
+# scheduler favours, so it ran its slots at full speed while the other nodes' ranks shared the cores with
+# everything else, and node 2 read only 1.1-3.6x the others in CI-like runs (the rule needs 2x in 2 windows
+# in a row). The ranks are found while they start, so the slow-down begins with the first iteration. It is a
+# process of its own at a higher priority where it may be: as a thread of this busy test process its wake-ups
+# came late.
 SLOW_DOWN = """
 import contextlib, os, pathlib, re, signal, sys, time
 import psutil
 marker, node, workspace = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
-stopped_s, period_s = 0.04, 0.05
 with contextlib.suppress(OSError):
     os.nice(-10)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
+
+def find_ranks():
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if marker in cmd and "a4ray.mcore" in cmd and "a4ray.runtime.ranks" not in cmd \\
+                    and proc.environ().get("GROUP_RANK") == node:
+                yield proc
+
+
+def cpu_quota_group():
+    # cgroup v1's cpu controller, else v2's; None where neither can be written.
+    v1, v2 = pathlib.Path("/sys/fs/cgroup/cpu"), pathlib.Path("/sys/fs/cgroup")
+    group = (v1 if (v1 / "cpu.cfs_quota_us").exists() else v2) / f"a4ray-test-slow-{os.getpid()}"
+    try:
+        group.mkdir()
+        if group.parent == v1:
+            (group / "cpu.cfs_period_us").write_text("50000")
+            (group / "cpu.cfs_quota_us").write_text("5000")
+        else:
+            (group / "cpu.max").write_text("5000 50000")
+        return group
+    except OSError:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+        return None
+
+
+ranks = []
+while not ranks:
+    ranks = list(find_ranks())
+    time.sleep(0 if ranks else 0.05)
 while not any(re.search(r"iterations 1\\.\\.", log.read_text(errors="replace"))
               for log in workspace.glob("runs/*/logs/rank-0000.log")):
-    time.sleep(0.05)
-ranks = []
+    time.sleep(0.02)
+group = cpu_quota_group()
 try:
-    while True:
-        if not ranks:
-            for proc in psutil.process_iter(["cmdline"]):
-                with contextlib.suppress(psutil.Error):
-                    cmd = " ".join(proc.info["cmdline"] or [])
-                    if marker in cmd and "a4ray.mcore" in cmd and "a4ray.runtime.ranks" not in cmd \\
-                            and proc.environ().get("GROUP_RANK") == node:
-                        ranks.append(proc)
-            time.sleep(0 if ranks else 0.05)
+    if group is not None:
+        for proc in ranks:
+            with contextlib.suppress(OSError):
+                (group / "cgroup.procs").write_text(str(proc.pid))
+        while True:
+            time.sleep(1)
+    for proc in ranks:
+        with contextlib.suppress(psutil.Error):
+            proc.nice(10)
+    while ranks:
         for proc in list(ranks):
             try:
                 proc.suspend()
             except psutil.Error:
                 ranks.remove(proc)
-        time.sleep(stopped_s)
+        time.sleep(0.045)
         for proc in ranks:
             with contextlib.suppress(psutil.Error):
                 proc.resume()
-        time.sleep(period_s - stopped_s)
+        time.sleep(0.005)
 finally:
     for proc in ranks:
         with contextlib.suppress(psutil.Error):
             proc.resume()
+    if group is not None:
+        with contextlib.suppress(OSError):
+            for pid in (group / "cgroup.procs").read_text().split():
+                (group.parent / "cgroup.procs").write_text(pid)
+            group.rmdir()
 """
 
 
 def _megatron_on_three_nodes(tmp_path: Path, standins: dict, slow_node: int | None):
     save = tmp_path / "save"
+    # Flagged at 3x the gang's median: the throttled node reads 5-15x in every window, quiet or loaded; an even
+    # gang's noisiest window on a loaded machine read 2.4x (and never two such windows in a row).
     spec = job("command", "cluster.nodes=3", "cluster.gpus_per_node=1", "command.torchrun=true", "command.argv=[x]",
-               "observe.straggler.threshold=1.0", "observe.straggler.windows=2", workspace=tmp_path)
+               "observe.straggler.threshold=2.0", "observe.straggler.windows=2", workspace=tmp_path)
     spec = spec.set("command.argv", [
         "-m", "a4ray.mcore", "--model", str(standins["qwen3-moe-tiny"]), "--save", str(save), "--data-path",
         str(standins["qwen-datasets"] / "mmap_qwen3_datasets_text_document"), "--seq-length", "32",
@@ -274,7 +318,7 @@ def test_a_node_made_slower_is_flagged_a_straggler_and_an_even_gang_flags_none(l
                for line in log.read_text().splitlines() if "A4RAY_COMPUTE" in line]
     assert [s.node.node for s in flagged] == [2], "\n".join(windows) + "\n" + out[-4000:]
     node2 = next(n for n in result.gang.nodes if n.gang_rank == 2)
-    assert flagged[0].node.host == node2.host and flagged[0].slower_pct > 100
+    assert flagged[0].node.host == node2.host and flagged[0].slower_pct > 200
     assert re.search(rf"a4ray: straggler: node 2 \({node2.host}, [\d.]+, \S+\) computes \d+% slower than the gang's "
                      r"median \(\S+s vs \S+s per step\) for 2 window\(s\)", out)
     events = NodeHistory(tmp_path / "slow").events(node2.host)
