@@ -182,7 +182,9 @@ def test_a_killed_node_actor_ends_the_gang_and_its_processes(local_cluster, tmp_
                "command.argv=[bash, -c, 'echo started; sleep 600']", workspace=tmp_path)
     error, gang = run_gang(spec, on_line=kill_node_1)
     assert isinstance(error, GangFailed)
-    assert "node 1 (" in str(error) and "was lost: its node actor died" in str(error)
+    assert "node 1 (" in str(error)
+    assert "was lost: its node actor is gone (Ray: The actor is dead because it was killed by `ray.kill`.)" \
+        in str(error)
     assert {n.rank: n.status for n in error.result.nodes} == {0: "stopped", 1: "lost"}, error.result.model_dump_json(indent=1)
     assert_no_leftovers(error.result.launch_id)
 
@@ -324,3 +326,24 @@ def test_a_private_embedded_cluster_is_never_joined_by_another_process(local_clu
     with _unadvertised(private=False):
         recorded.write_text("127.0.0.1:7000")
     assert recorded.read_text() == "127.0.0.1:7000"
+
+
+def test_stopping_a_launch_that_has_ended_leaves_alone_the_group_its_number_now_names():
+    """Pids wrap (32768 by default: this suite comes round in minutes) and a Ray worker leads its own process
+    group, so once a launch's command has ended and been waited for, its old group number may name someone
+    else's group. Stopping the ended launch (a node stopped after its command was done) must not signal it.
+    The coming round is arranged by pointing the ended launch's pid at a live group; nothing else is faked."""
+    from a4ray.runtime.process import ManagedProcess
+
+    ended = ManagedProcess(["true"], env=dict(os.environ), cwd=None, launch_id="ended-launch", on_line=print)
+    ended.start()
+    assert ended.wait(timeout=30) == 0
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)  # a group of its own, as a Ray worker's
+    try:
+        ended._proc.pid = bystander.pid  # the number has come round
+        ended.terminate(grace_s=1)
+        assert bystander.poll() is None, "an unrelated process group was signalled"
+        assert not ended.stopped
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -15,6 +15,7 @@ import pytest
 import ray
 from conftest import job
 from ray.util.placement_group import placement_group_table
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from test_gang import assert_no_leftovers
 
 from a4ray.core.errors import GangHang
@@ -182,4 +183,60 @@ def test_a_lost_node_is_survived_by_a_restart_from_checkpoint(extra_nodes, tmp_p
     result = run(spec.set("restart.max_restarts", 0))
     killer.join(timeout=5)
     assert not result.ok and result.gang.failure_kind == "lost"
-    assert "was lost: its node actor died" in result.verdict
+    # Ray's word on the node, whichever reached the driver first: the broken connection, or the node's death.
+    assert re.search(r"was lost: its node actor is gone \(Ray: The actor (is unavailable: .*Socket closed|died "
+                     r"because its node has died)", result.verdict), result.verdict
+
+
+def test_a_dead_actor_is_reported_with_rays_own_cause(local_cluster):
+    """A node actor killed under Ray (SIGKILL: the kernel's OOM killer does the same; `ray.kill`) is reported
+    with the cause Ray gives, not "the actor died". Ray's memory monitor cannot be made to fire on one worker of
+    the shared cluster without killing other tests' workers, so its report is checked on the text it wrote in
+    a run with RAY_memory_usage_threshold=0.3 (Ray 2.60), as OutOfMemoryError carries it."""
+    import os
+    import signal
+
+    from a4ray.runtime.deaths import ACTOR_GONE, why_died
+
+    # On this process's own node: the nodes other tests added and removed may still be counted alive for a moment.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+    @ray.remote(num_cpus=0, scheduling_strategy=here)
+    class Sleeper:
+        def pid(self) -> int:
+            return os.getpid()
+
+        def nap(self) -> None:
+            time.sleep(60)
+
+    def death(kill) -> str:
+        actor = Sleeper.remote()
+        pid = ray.get(actor.pid.remote())
+        ref = actor.nap.remote()
+        time.sleep(0.5)
+        kill(actor, pid)
+        with pytest.raises(ACTOR_GONE) as e:
+            ray.get(ref, timeout=60)
+        return why_died(e.value)
+
+    killed = death(lambda actor, pid: os.kill(pid, signal.SIGKILL))
+    assert killed.startswith("The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR")
+    assert "Some common causes" not in killed and "actor_id" not in killed
+    assert death(lambda actor, pid: ray.kill(actor)) == "The actor is dead because it was killed by `ray.kill`."
+
+    oom = ray.exceptions.OutOfMemoryError(
+        "1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: 10.0.0.3, ID: "
+        "f5fa03f4ecd420f1aa622f66c83b086c5e2abf1fbb274984598431e9) was 23.17GB used / 23.54GB limit (0.984)\n"
+        "OOM kill reason: Memory usage 24878538752B exceeded threshold of 23742689280B\n"
+        "Object store memory usage: [- objects spillable: 0\n- bytes spillable: 0]\n"
+        "Ray killed 1 worker(s) based on the killing policy\n"
+        "To see more information about memory usage on this node, use `ray logs raylet.out -ip 10.0.0.3`\n"
+        "Top 10 memory users: PID\tMEM(GB)\tCOMMAND\n"
+        "9033\t6.30\tpython -u -m a4ray.mcore --model /shared/models/Qwen3-Next-80B-A3B-Instruct --tensor-model\n"
+        "4703\t0.28\tray::NodeActor.poll\n6654\t0.23\tray::IDLE\n7001\t0.20\tray::IDLE\n"
+        "Refer to the documentation on how to address the out of memory issue: https://docs.ray.io/")
+    why = why_died(oom)
+    assert why.startswith("1 worker(s) were killed due to the node running low on memory. Memory on the node "
+                          "(IP: 10.0.0.3) was 23.17GB used / 23.54GB limit (0.984); the node's top memory users: "
+                          "pid 9033 6.30 GB (python -u -m a4ray.mcore --model")
+    assert "pid 6654 0.23 GB (ray::IDLE)" in why and "7001" not in why and "f5fa03" not in why

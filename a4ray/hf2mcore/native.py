@@ -42,6 +42,7 @@ from a4ray.hf2mcore.mapping import (
 from a4ray.mcore.architecture import Architecture, Naming
 from a4ray.mcore.checkpointing import model_args
 from a4ray.observe import metrics
+from a4ray.runtime.deaths import why_died
 from a4ray.spec.conversion import ConvertJob
 
 _TASK_OVERHEAD = 512 * 2**20  # interpreter and torch: what a task holds besides tensors
@@ -396,7 +397,7 @@ def why_failed(error: Exception) -> str:
         text = " ".join(str(cause).split())
         return f"{type(cause).__name__}: {text[:400]}{' ...' if len(text) > 400 else ''}"
     if isinstance(error, (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError)):
-        return f"its worker process died ({type(error).__name__}: killed, or out of memory)"
+        return f"its worker process died ({why_died(error)})"
     if isinstance(error, ray.exceptions.TaskCancelledError):
         return "it was cancelled"
     return f"{type(error).__name__}: {error}"

@@ -42,6 +42,7 @@ from a4ray.core.errors import (
     GangUnplaceable,
 )
 from a4ray.observe.verdicts import NodeRef
+from a4ray.runtime.deaths import ACTOR_GONE
 from a4ray.runtime.launch import GangResult, Launch, NodeContext, NodeResult, Peer
 from a4ray.runtime.netenv import summarize_reports
 from a4ray.runtime.node_actor import LaunchRequest, NodeActor, NodeIdentity, NodeRun
@@ -265,7 +266,7 @@ class Gang:
                 if isinstance(e.cause, A4RayError):
                     raise e.cause from None
                 raise
-            except ray.exceptions.RayActorError:
+            except ACTOR_GONE:
                 pass  # its first poll finds the actor gone: "node N was lost", and the restart policy decides
         say("\n".join(summarize_reports([info.env_report for info in infos.values()], [members[r] for r in infos],
                                          log_dir)))

@@ -142,7 +142,11 @@ class ManagedProcess:
         if self._proc is None:
             return None
         self.stopped = self.running
-        terminate_launch(self._proc.pid, self.launch_id, self.grace_s if grace_s is None else grace_s)
+        # The process group is the launch's only while its leader is unreaped: once the command has ended and
+        # been waited for, the number may come round again (pids wrap, at 32768 by default) as some other
+        # process's group, a Ray worker's say. What the command left behind still carries the launch id.
+        pgid = self._proc.pid if self.stopped else None
+        terminate_launch(pgid, self.launch_id, self.grace_s if grace_s is None else grace_s)
         self.wait(timeout=10)
         self._release_reaper()
         return self.returncode

@@ -26,6 +26,7 @@ from a4ray.observe import flight, hang, metrics, stream
 from a4ray.observe.progress import Progress, progress_summary
 from a4ray.observe.straggler import StragglerCheck
 from a4ray.observe.verdicts import HangVerdict, NodeRef, Straggler
+from a4ray.runtime.deaths import ACTOR_GONE, why_died
 from a4ray.runtime.launch import Launch
 from a4ray.runtime.node_actor import Line, Poll
 from a4ray.spec.resilience import ObserveSpec
@@ -187,9 +188,8 @@ class Supervisor:
                     rank = pending.pop(ref)
                     try:
                         poll: Poll = ray.get(ref)
-                    except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
-                        self._fail(rank, "lost", self._lost(rank, f"its node actor died ({type(e).__name__}); "
-                                   "the node was removed, ran out of memory or was killed"))
+                    except ACTOR_GONE as e:
+                        self._fail(rank, "lost", self._lost(rank, f"its node actor is gone (Ray: {why_died(e)})"))
                         return self._finish()
                     self._emit(rank, poll)
                     if not poll.running:
@@ -203,7 +203,9 @@ class Supervisor:
                         if lost is None:
                             self._fail(rank, "failed", failed)
                         else:  # the failure was the echo of a lost peer (a collective's peer vanished)
-                            self._fail(lost, "lost", self._lost(lost, f"its node actor died; {failed} after it"))
+                            lost_rank, why = lost
+                            self._fail(lost_rank, "lost", self._lost(lost_rank, f"its node actor is gone (Ray: {why}); "
+                                                                                f"{failed} after it"))
                         return self._finish()
                 why = self.watchdog.why(out.last_iteration) if pending else None
                 if why:
@@ -220,16 +222,16 @@ class Supervisor:
             self.stop([self.members[rank] for rank in pending.values()])
         return out
 
-    def _lost_among(self, ranks: list[int]) -> int | None:
-        """The first of `ranks` whose node actor is gone. When a node dies, its peers' collectives fail
-        within milliseconds, often before Ray reports the node: the lost node is the root cause."""
+    def _lost_among(self, ranks: list[int]) -> tuple[int, str] | None:
+        """The first of `ranks` whose node actor is gone, with Ray's word on why. When a node dies, its peers'
+        collectives fail within milliseconds, often before Ray reports the node: the lost node is the root cause."""
         refs = {self.actors[rank].alive.remote(): rank for rank in ranks}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=_LOST_CHECK_S)
         for ref in ready:
             try:
                 ray.get(ref)
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError):
-                return refs[ref]
+            except ACTOR_GONE as e:
+                return refs[ref], why_died(e)
         return None
 
     def _lost(self, rank: int, why: str) -> str:

@@ -21,6 +21,7 @@ from a4ray.core.errors import SpecError, StagingError, StagingFailed
 from a4ray.core.results import Result
 from a4ray.core.rundir import RunDir
 from a4ray.runtime.connect import Connection, attached
+from a4ray.runtime.deaths import ACTOR_GONE, why_died
 from a4ray.runtime.simulated import local_root
 from a4ray.spec.artifacts import ArtifactSpec, Staged, StagingOptions
 from a4ray.spec.cluster import ClusterSpec, StorageSpec
@@ -191,7 +192,8 @@ def run_requests(requests: list[StageRequest], display: Display, *, timeout_s: f
             display.close()
         if not lost:
             break
-        say(f"the staging service was lost; {'asking a new one' if attempt < _SERVICE_RETRIES else 'giving up'} "
+        next_step = "asking a new one" if attempt < _SERVICE_RETRIES else "giving up"
+        say(f"the staging service was lost (Ray: {lost}); {next_step} "
             f"({len(pending)} artifact(s) resume from their partial downloads)")
     for i, req in pending.items():
         outcomes[i] = ArtifactOutcome(name=req.artifact.name, source=req.artifact.source, target=req.target,
@@ -201,23 +203,23 @@ def run_requests(requests: list[StageRequest], display: Display, *, timeout_s: f
 
 
 def _wait(service, calls: dict, pending: dict, outcomes: dict, display: Display, deadline: float | None,
-          poll_s: float) -> bool:
-    """Collect outcomes until all calls are answered; True if the service died first."""
+          poll_s: float) -> str | None:
+    """Collect outcomes until all calls are answered; Ray's word on why, if the service died first."""
     while calls:
         ready, _ = ray.wait(list(calls), num_returns=len(calls), timeout=poll_s)
         for ref in ready:
             i = calls.pop(ref)
             try:
                 outcomes[i] = ray.get(ref)
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError):
-                return True
+            except ACTOR_GONE as e:
+                return why_died(e)
             pending.pop(i)
         if calls:
             try:
                 targets = [pending[i].target for i in calls.values()]
                 display.show(ray.get(service.snapshot.remote(targets), timeout=30))
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError):
-                return True
+            except ACTOR_GONE as e:
+                return why_died(e)
             except ray.exceptions.GetTimeoutError:
                 pass
         if deadline is not None and time.monotonic() > deadline and calls:
@@ -226,7 +228,7 @@ def _wait(service, calls: dict, pending: dict, outcomes: dict, display: Display,
             names = ", ".join(pending[i].artifact.name for i in calls.values())
             raise StagingError(names, "staging ran past the job's timeout_s; the partial downloads are kept",
                                hint="raise timeout_s, or run again to resume")
-    return False
+    return None
 
 
 # ------------------------------------------------------------------------------ shared storage
