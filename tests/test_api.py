@@ -94,7 +94,8 @@ def test_sweep_runs_each_variant_and_is_found_again(api_cluster, tmp_path, capsy
     assert table.ok, table.verdict
     frame = table.to_pandas()
     assert list(frame["network.env.NCCL_IB_QPS_PER_CONNECTION"]) == [1, 4]
-    assert frame["ok"].all() and (frame["all_reduce busbw"] > 0).all()
+    # Parsed numbers; nccl-tests prints busbw to 0.01 GB/s, which gloo at 256 KB on a loaded machine can read as 0.00.
+    assert frame["ok"].all() and (frame["all_reduce busbw"] >= 0).all()
     assert "NCCL_IB_QPS_PER_CONNECTION=4" in capsys.readouterr().out  # the value reached the nodes' env
 
     again = a4ray.get_sweep(table.id, tmp_path)
