@@ -435,6 +435,22 @@ def test_qwen3_next_mtp_layer_is_said_to_be_dropped(models):
                     "pretraining from this checkpoint starts without the MTP loss")
 
 
+def test_the_parameter_count_is_every_element_of_the_checkpoint(models):
+    """What the preflight reckons the checkpoints' size from: the count from config.json alone equals the elements
+    of the real safetensors transformers wrote (tied embeddings counted once), and the published Qwen3-Next is
+    the 80B its name says."""
+    import math
+
+    from a4ray.hf2mcore.mapping import parameters
+    from a4ray.mcore.architecture import PUBLISHED_CONFIGS
+
+    for name in ("moe", "dense", "next"):
+        stored = HFCheckpoint.open(str(models[name])).tensors.values()
+        assert parameters(_arch(models[name])) == sum(math.prod(t.shape) for t in stored), name
+    published = Architecture.from_config(PUBLISHED_CONFIGS["Qwen/Qwen3-Next-80B-A3B-Instruct"], "published")
+    assert 79e9 < parameters(published) < 81e9
+
+
 def test_qwen3_next_slots_tile_every_hf_tensor_and_map_back():
     """Every HF row goes to exactly one mcore tensor, and back; the gated norm by its zero-centring shift,
     which is exact where w - 1 is representable and otherwise rounds once (what the verifier then checks)."""

@@ -42,3 +42,27 @@ def test_doctor_names_the_node_that_cannot_write_the_workspace(local_cluster, tm
     assert f"node {failure.node} (sim-host-001) workspace: cannot write to" in result.verdict
     # The node that should read the blocked node's probe is not blamed for it.
     assert all(c.status == "ok" for c in result.checks if c.name == "workspace" and c.host != "sim-host-001")
+
+
+def test_the_disk_check_wants_room_for_the_checkpoints_the_training_will_save(tmp_path):
+    """The preflight's disk check, given what the train step will save (pipeline.steps.checkpoint_need): it fails
+    without room for one checkpoint above the floor, warns without room for all it keeps, passes with room for
+    all; sized against this machine's real free space under a checkpoint directory not made yet."""
+    import shutil
+
+    from a4ray.workloads.doctor import CheckpointNeed, _disk
+
+    free = shutil.disk_usage(tmp_path).free
+    where = str(tmp_path / "out" / "checkpoint")
+
+    def need(each: int, count: int) -> CheckpointNeed:
+        return CheckpointNeed(path=where, each_bytes=each, count=count, reckoned="r")
+
+    status, detail, fix = _disk(str(tmp_path), 1, need(free, 2))
+    assert status == "fail" and detail.startswith(f"{free / 2**30:,.1f} GiB free on {where}: one checkpoint takes ~")
+    assert "(r), and 1 GiB are kept free" in detail and fix == "free space or mount a larger volume for the checkpoints"
+    status, detail, fix = _disk(str(tmp_path), 1, need(free // 4, 10))
+    assert status == "warn" and ": room for 3 of the 10 checkpoints this run keeps" in detail  # 3.9 above the floor
+    assert "keep fewer" in fix
+    status, detail, _ = _disk(str(tmp_path), 1, need(2**20, 10))
+    assert status == "ok" and detail.endswith(": the 10 checkpoints of ~1.0 MiB each fit")

@@ -234,6 +234,12 @@ def hf_tensors(arch: Architecture) -> dict[str, tuple[int, ...]]:
     return {name: shape for slot in slots(arch) for name, shape in slot.sources}
 
 
+def parameters(arch: Architecture) -> int:
+    """The model's parameter count: the elements of every HF tensor the conversion reads (an MTP layer, which it
+    does not convert, left out)."""
+    return sum(math.prod(shape) for shape in hf_tensors(arch).values())
+
+
 @dataclass(frozen=True)
 class Unit:
     """What the writer writes as one chunk: one slot, or consecutive experts of one layer's expert tensor

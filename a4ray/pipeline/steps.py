@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -18,9 +19,11 @@ from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
 from a4ray.core.console import say
-from a4ray.core.errors import A4RayError, SpecError, StagingFailed, StepError
+from a4ray.core.errors import A4RayError, SpecError, StagingFailed, StepError, UnsupportedModel
 from a4ray.core.rundir import RunDir
 from a4ray.hf2mcore.converter import ConvertWorkload
+from a4ray.hf2mcore.mapping import parameters
+from a4ray.mcore.architecture import Architecture
 from a4ray.pipeline import nodefs
 from a4ray.pipeline.pipeline_result import StepResult
 from a4ray.runtime.connect import Connection
@@ -29,7 +32,7 @@ from a4ray.spec.recipes import RecipeJob
 from a4ray.staging.stager import make_standins, stage
 from a4ray.staging.stager import plan as staging_plan
 from a4ray.trainers import Trainer, trainer_for
-from a4ray.workloads.doctor import Doctor, report
+from a4ray.workloads.doctor import CheckpointNeed, Doctor, report
 
 TRAIN_MARKER = "a4ray-train.json"
 
@@ -180,18 +183,54 @@ class Convert(Step):
 # -------------------------------------------------------------------------------------- preflight
 
 
+# A checkpoint's bytes per parameter with mixed precision: the bf16 weights (2 B) and the optimizer's fp32 main
+# weights and Adam's two moments (4 B each), as megatron-core's distributed optimizer saves them.
+CHECKPOINT_BYTES_PER_PARAMETER = 14
+
+
+def checkpoint_need(trainer: Trainer, found: tuple[dict, str] | None) -> CheckpointNeed | None:
+    """What the train step will save, from the model's config.json (`found`: it and where it was read)."""
+    if found is None:
+        return None
+    config, where = found
+    try:
+        params = parameters(Architecture.from_config(config, where))
+    except (UnsupportedModel, KeyError):
+        return None  # a model the native mapping does not know: the floor alone
+    train = trainer.spec.train
+    iterations, every = getattr(train, "iterations", None), getattr(train, "save_interval", None)
+    count = math.ceil(iterations / every) if iterations and every else None
+    kept = trainer.checkpoints_kept()
+    if kept is not None:  # the newest is written before the oldest goes
+        count = min(count, kept + 1) if count else kept + 1
+    return CheckpointNeed(
+        path=trainer.checkpoints, each_bytes=params * CHECKPOINT_BYTES_PER_PARAMETER, count=count,
+        reckoned=f"{params:,} parameters x {CHECKPOINT_BYTES_PER_PARAMETER} B: bf16 weights, fp32 main weights "
+                 "and Adam's two moments")
+
+
 class Preflight(Step):
     name = "preflight"
 
     def runs(self) -> str:
-        return ("a4ray doctor on every node of the gang (GPUs, gIB, RDMA, /dev/shm, disk, py-spy, shared workspace, "
-                "clocks)")
+        return ("a4ray doctor on every node of the gang (GPUs, gIB, RDMA, /dev/shm, disk for the checkpoints, py-spy, "
+                "shared workspace, clocks)")
 
     def plan(self, workspace: str) -> list[str]:
-        return ["a failed check stops the pipeline before the train launch (--skip preflight to go on anyway)"]
+        need = checkpoint_need(self.trainer, self.trainer.model_config())
+        room = [] if need is None else [
+            f"checkpoints: ~{need.each} each ({need.reckoned})"
+            + (f", {need.count} on disk at most" if need.count else "") + f" under {need.path}: the disk check fails without "
+            f"room for one above the {self.spec.doctor.min_free_disk_gb:g} GiB floor and warns without room for all"]
+        return [*room, "a failed check stops the pipeline before the train launch (--skip preflight to go on anyway)"]
 
     def run(self, ctx: Context) -> StepResult:
-        result = Doctor(self.spec).run(ctx.conn, ctx.run_dir, log_dir=ctx.run_dir.step_logs(self.name))
+        trainer = ctx.trainer()
+        where = f"{self.spec.on_nodes(ctx.workspace, self.spec.model_dir)}/config.json"
+        config = nodefs.read_json(self.spec.cluster, where)  # as staged on the nodes, else the published one
+        need = checkpoint_need(trainer, (config, where) if config else trainer.model_config())
+        result = Doctor(self.spec).run(ctx.conn, ctx.run_dir, log_dir=ctx.run_dir.step_logs(self.name),
+                                       checkpoints=need)
         report(result)
         if not result.ok:
             raise StepError(self.name, result.verdict, hint="fix the node named, or --skip preflight to train anyway")

@@ -63,6 +63,9 @@ class TorchTrain(Trainer):
             needed["the SFT JSON (train.sft_json)"] = self.data
         return needed
 
+    def checkpoints_kept(self) -> int | None:
+        return self.spec.train.torch.keep_checkpoints
+
     def trainer_args(self) -> list[str]:
         t = self.spec.train
         o = t.torch

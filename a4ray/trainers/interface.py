@@ -6,13 +6,15 @@ asks; it never looks at the trainer's name.
 
 from __future__ import annotations
 
+import json
 from abc import abstractmethod
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 from a4ray.core.console import table
 from a4ray.core.errors import SpecError
 from a4ray.core.results import axes
+from a4ray.mcore.architecture import PUBLISHED_CONFIGS
 from a4ray.runtime.launch import GangResult
 from a4ray.spec.conversion import ConvertSpec
 from a4ray.spec.recipes import RecipeJob
@@ -44,6 +46,17 @@ class Trainer(Workload[RecipeJob]):
         if model == (self.spec.convert.input or self.spec.model_dir):
             return self.spec.converted(self.workspace)
         return str(PurePosixPath(self.spec.on_nodes(self.workspace, f"{model}-to-mcore")) / "latest")
+
+    def model_config(self) -> tuple[dict, str] | None:
+        """The HF config.json of the model it trains, and where it was read: the staged one where this machine
+        sees it, else the published config of the Hub model the spec stages there; None if neither."""
+        staged = Path(self.spec.on_nodes(self.workspace, self.spec.model_dir)) / "config.json"
+        if staged.is_file():
+            return json.loads(staged.read_text()), str(staged)
+        hub = next((a.source.removeprefix("hf://").split("@")[0] for a in self.spec.artifacts
+                    if a.target == self.spec.model_dir and a.source.startswith("hf://")), "")
+        published = PUBLISHED_CONFIGS.get(hub)
+        return (published, f"{hub}'s published config.json") if published else None
 
     def convert_inputs(self) -> list[str]:
         """The HF checkpoints (spec paths) the convert step converts for this trainer; it trains from the
@@ -91,6 +104,10 @@ class Trainer(Workload[RecipeJob]):
     def checkpoints(self) -> str:
         """Where it saves its checkpoints, as the nodes see it."""
         return self.output
+
+    def checkpoints_kept(self) -> int | None:
+        """How many of its checkpoints it keeps (the newest); None: every one it saves."""
+        return None
 
     def outputs(self, result: WorkloadResult) -> dict[str, str]:
         """{what: path} the train step reports."""

@@ -10,11 +10,10 @@ or a restart after a lost node resumes from the newest complete checkpoint there
 
 from __future__ import annotations
 
-import json
 from pathlib import Path, PurePosixPath
 
 from a4ray.core.errors import UnsupportedModel
-from a4ray.mcore.architecture import PUBLISHED_CONFIGS, Architecture
+from a4ray.mcore.architecture import Architecture
 from a4ray.mcore.checkpointing import TRACKER, newest_complete
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.conversion import ConvertSpec
@@ -110,21 +109,18 @@ class MegatronTrain(Trainer):
                 f"layers: {layers[m.layers]}; loads {self.checkpoint}; checkpoints: {self.checkpoints}"]
 
     def shape(self) -> str:
-        """The model every rank builds, and where that is read from: the staged config.json where this
-        machine sees it, else the published config of the Hub model the spec stages there."""
-        config = Path(self.model) / "config.json"
-        if config.is_file():
-            source, where = json.loads(config.read_text()), str(config)
-        else:
-            hub = next((a.source.removeprefix("hf://").split("@")[0] for a in self.spec.artifacts
-                        if a.target == self.spec.train.model and a.source.startswith("hf://")), "")
-            source, where = PUBLISHED_CONFIGS.get(hub), f"{hub}'s published config.json"
-            if source is None:
-                return f"read on the nodes from {config} (not staged yet)"
+        """The model every rank builds, and where that is read from (`model_config`)."""
+        found = self.model_config()
+        if found is None:
+            return f"read on the nodes from {self.model}/config.json (not staged yet)"
+        config, where = found
         try:
-            return f"{Architecture.from_config(source, where).describe()} (from {where})"
+            return f"{Architecture.from_config(config, where).describe()} (from {where})"
         except (UnsupportedModel, KeyError) as error:
             return f"{where}: {error}"
+
+    def checkpoints_kept(self) -> int | None:
+        return self.spec.train.megatron.keep_checkpoints or None
 
     def resume_note(self) -> str:
         done = newest_complete(Path(self.checkpoints))  # where the driver sees the workspace; else the ranks find it

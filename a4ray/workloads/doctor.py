@@ -49,6 +49,22 @@ class Check(BaseModel):
     fix: str = ""
 
 
+class CheckpointNeed(BaseModel):
+    """What the train step after a preflight will write: where, about how big each checkpoint is and how many
+    the run saves. The disk check holds the free space there to it, above the `min_free_disk_gb` floor."""
+
+    path: str  # the checkpoint directory, as the nodes see it
+    each_bytes: int
+    count: int | None = None  # on disk at once at most: saved over the run, or kept (None: not known)
+    reckoned: str  # how each_bytes was reckoned, shown in the check
+
+    @property
+    def each(self) -> str:
+        """One checkpoint's size, in the unit the disk check counts in (GiB), MiB for a small model."""
+        gib = self.each_bytes / 2**30
+        return f"{gib:,.1f} GiB" if gib >= 0.1 else f"{self.each_bytes / 2**20:,.1f} MiB"
+
+
 class DoctorResult(WorkloadResult):
     kind: str = "doctor"
     checks: list[Check] = []
@@ -142,11 +158,24 @@ def _existing(path: Path) -> Path:
     return path
 
 
-def _disk(workspace: str, min_gb: float) -> tuple[Status, str, str]:
-    free = shutil.disk_usage(_existing(Path(workspace))).free / 2**30
-    if free < min_gb:
-        return "fail", f"{free:.1f} GiB free on {workspace} (< {min_gb:g})", "free space or mount a larger volume"
-    return "ok", f"{free:.0f} GiB free on {workspace}", ""
+def _disk(workspace: str, min_gb: float, need: CheckpointNeed | None = None) -> tuple[Status, str, str]:
+    where = need.path if need else workspace
+    free = shutil.disk_usage(_existing(Path(where))).free / 2**30
+    if need is None:
+        if free < min_gb:
+            return "fail", f"{free:.1f} GiB free on {workspace} (< {min_gb:g})", "free space or mount a larger volume"
+        return "ok", f"{free:.0f} GiB free on {workspace}", ""
+    each = need.each_bytes / 2**30
+    if free < min_gb + each:
+        return ("fail", f"{free:,.1f} GiB free on {where}: one checkpoint takes ~{need.each} ({need.reckoned}), "
+                f"and {min_gb:g} GiB are kept free", "free space or mount a larger volume for the checkpoints")
+    if need.count and free < min_gb + each * need.count:
+        fits = int((free - min_gb) // each)
+        return ("warn", f"{free:,.0f} GiB free on {where}: room for {fits} of the {need.count} checkpoints this run "
+                f"keeps, ~{need.each} each ({need.reckoned})",
+                "free space, raise train.save_interval, or keep fewer (the trainer's keep_checkpoints)")
+    saved = f"the {need.count} checkpoints" if need.count else "a checkpoint"
+    return "ok", f"{free:,.0f} GiB free on {where}: {saved} of ~{need.each} each fit", ""
 
 
 def _py_spy() -> tuple[Status, str, str]:
@@ -165,12 +194,12 @@ def _py_spy() -> tuple[Status, str, str]:
 
 
 def node_checks(expected_gpus: int, network: NetworkSpec, workspace: str, limits: DoctorSpec,
-                simulated: bool) -> list[tuple[str, Status, str, str]]:
+                simulated: bool, checkpoints: CheckpointNeed | None = None) -> list[tuple[str, Status, str, str]]:
     """Runs on one node: (check, status, detail, fix) for every local check."""
     gib_wanted = network.gib == "on"
     checks = [("GPUs", _gpus(expected_gpus, simulated)), ("gIB plugin", _gib(network, simulated)),
               ("RDMA", _rdma(simulated, gib_wanted)), ("/dev/shm", _shm(limits.min_shm_gb)),
-              ("disk", _disk(workspace, limits.min_free_disk_gb)), ("py-spy", _py_spy())]
+              ("disk", _disk(workspace, limits.min_free_disk_gb, checkpoints)), ("py-spy", _py_spy())]
     return [(name, *outcome) for name, outcome in checks]
 
 
@@ -215,19 +244,23 @@ class Doctor(Workload[JobSpec]):
     def launch(self, node: NodeContext) -> Launch:
         raise RuntimeError("the doctor calls its checks on the node actors; it launches no command")
 
-    def run(self, conn: Connection, run_dir: RunDir, *, log_dir: Path | None = None) -> DoctorResult:
+    def run(self, conn: Connection, run_dir: RunDir, *, log_dir: Path | None = None,
+            checkpoints: CheckpointNeed | None = None) -> DoctorResult:
+        """`checkpoints`: what the training after this preflight will save, for the disk check."""
         workspace = conn.workspace(self.spec.storage)
         history = NodeHistory(run_dir.workspace)
         with Gang(self.spec, log_dir=str(log_dir or run_dir.logs), run_dir=str(run_dir.root)) as gang:
             gang.start()
-            result = check_gang(gang, str(workspace), simulated=conn.simulated, history=history)
+            result = check_gang(gang, str(workspace), simulated=conn.simulated, history=history,
+                                checkpoints=checkpoints)
         for check in result.failures:
             if check.node is not None:
                 history.add(check.host, "doctor-failed", run=run_dir.id, detail=f"{check.name}: {check.detail}")
         return result
 
 
-def check_gang(gang, workspace: str, *, simulated: bool, history: NodeHistory | None = None) -> DoctorResult:
+def check_gang(gang, workspace: str, *, simulated: bool, history: NodeHistory | None = None,
+               checkpoints: CheckpointNeed | None = None) -> DoctorResult:
     spec, actors = gang.spec, gang.actors
     hosts = [n.short_name(spec.cluster.topology) for n in gang.nodes]
     checks: list[Check] = []
@@ -239,7 +272,7 @@ def check_gang(gang, workspace: str, *, simulated: bool, history: NodeHistory | 
                                 fix=f"`a4ray nodes forget {host}` once the node is repaired" if events else ""))
 
     local = ray.get([a.call.remote(node_checks, spec.cluster.gpus_per_node, spec.network, workspace,
-                                   spec.doctor, simulated) for a in actors], timeout=300)
+                                   spec.doctor, simulated, checkpoints) for a in actors], timeout=300)
     for rank, rows in enumerate(local):
         checks += [Check(node=rank, host=hosts[rank], name=n, status=s, detail=d, fix=f) for n, s, d, f in rows]
 
