@@ -71,6 +71,31 @@ def test_run_and_submit_give_typed_results_and_handles_outlive_the_session(api_c
     assert out.stdout.startswith("SUCCEEDED 3 PASS: 2/2 ranks"), out.stdout + out.stderr
 
 
+def test_a_job_submitted_here_runs_its_driver_on_this_cluster_whatever_else_runs(api_cluster, _session_cluster):
+    """Ray's job supervisor points a job's driver at the cluster recorded in its temp directory, else at any Ray it
+    finds running on the machine (RAY_ADDRESS=auto). With the session cluster running beside this one, a driver
+    of a job submitted to this cluster's job API must still join this cluster (it joined whichever, and failed
+    when that one stopped: CI's "Failed to connect to GCS" on a cancelled run)."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from a4ray.runtime import auth
+
+    assert _session_cluster.address != api_cluster.address
+    undo = auth.use_token_for(api_cluster.dashboard_url)
+    try:
+        client = JobSubmissionClient(api_cluster.dashboard_url)
+    finally:
+        undo()
+    entrypoint = f"{PYTHON} -c \"import ray; ray.init(); print('GCS', ray.get_runtime_context().gcs_address)\""
+    job_id = client.submit_job(entrypoint=entrypoint)
+    deadline = time.monotonic() + 120
+    while client.get_job_status(job_id) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+        assert time.monotonic() < deadline, client.get_job_logs(job_id)
+        time.sleep(0.5)
+    logs = client.get_job_logs(job_id)
+    assert f"GCS {api_cluster.address}" in logs, logs
+
+
 def test_cancel_stops_the_job_and_leaves_no_process(api_cluster, tmp_path):
     marker = f"a4ray-api-cancel-{uuid.uuid4().hex[:8]}"
     spec_file = tmp_path / "sleep.yaml"

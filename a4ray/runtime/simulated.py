@@ -237,6 +237,8 @@ class SimulatedCluster:
         return getattr(self.cluster.head_node, "webui_url", None) if self.cluster else None
 
     def start(self) -> str:
+        from ray._common.utils import get_default_ray_temp_dir
+        from ray._private.utils import write_ray_address
         from ray.cluster_utils import Cluster
 
         physical = physical_gpu_ids()
@@ -261,11 +263,19 @@ class SimulatedCluster:
         self._tmp_root = tempfile.mkdtemp(prefix="a4ray-sim-")
         if self.loopback_ips:
             self._loopback = LoopbackBlock()
+        # A Ray temp directory of its own (its nodes take the head's), recording its own address: Ray's job
+        # supervisor points a job's driver at the cluster recorded in its temp directory (RAY_ADDRESS=auto), and
+        # where none is recorded at any Ray it finds running on the machine. In the machine's shared one, a job
+        # submitted here would run its driver on whichever cluster started last, or on any.
+        ray_temp = Path(get_default_ray_temp_dir())
+        ray_temp.mkdir(parents=True, exist_ok=True)
+        head["temp_dir"] = tempfile.mkdtemp(prefix=f"a4ray-{os.getpid()}-", dir=ray_temp)
         # The head's processes (its Ray Client proxy, its dashboard) take these from this process.
         with _environ({**HEAD_ENV, **(self.prometheus.head_env() if self.prometheus else {})}), \
                 _unadvertised(private=not self.shared):
             self.cluster = Cluster(initialize_head=True, head_node_args=head,
                                    shutdown_at_exit=True)
+        write_ray_address(self.cluster.address, head["temp_dir"])
         if self.prometheus:
             self.prometheus.start(self.cluster.head_node.get_session_dir_path())
         for index in range(self.nodes):
@@ -362,7 +372,8 @@ class SimulatedCluster:
             self.prometheus.stop()
         if self.cluster is not None:
             say(f"shutting down the {self.name}")
-            self.cluster.shutdown()
+            with _unadvertised(private=not self.shared):  # Ray's shutdown removes the machine's record, whosever
+                self.cluster.shutdown()
             self.cluster = None
             self.workers = {}
         if self._tmp_root is not None:
