@@ -77,6 +77,10 @@ def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_clu
     assert [s["status"] for s in result["steps"]] == ["ran", "ran", "ran", "ran"]
     assert "Ray tasks of the staging service" in steps["stage"]["runs"]
     assert PipelineResult.model_validate(result).model_dump(mode="json") == result  # the typed result, whole
+    # The preflight held the free space where the checkpoints go to the 3 the run saves, reckoned from the model.
+    disk = [c for c in steps["preflight"]["result"]["checks"] if c["name"] == "disk"]
+    assert len(disk) == 2 and all(c["status"] == "ok" and str(save) in c["detail"] and
+                                  c["detail"].endswith("the 3 checkpoints of ~4.8 MiB each fit") for c in disk), disk
 
     # Qwen3-Next converted natively, verified tensor by tensor and by its logits; nothing stands in for it.
     (verdict,) = steps["convert"]["detail"].splitlines()
