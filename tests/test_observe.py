@@ -232,11 +232,12 @@ def test_a_dead_actor_is_reported_with_rays_own_cause(local_cluster):
         "Ray killed 1 worker(s) based on the killing policy\n"
         "To see more information about memory usage on this node, use `ray logs raylet.out -ip 10.0.0.3`\n"
         "Top 10 memory users: PID\tMEM(GB)\tCOMMAND\n"
-        "9033\t6.30\tpython -u -m a4ray.mcore --model /shared/models/Qwen3-Next-80B-A3B-Instruct --tensor-model\n"
+        "9033\t6.30\t/venv/bin/python -u -m a4ray.mcore --model /shared/models/Qwen3-Next --hf-token hf_secret\n"
         "4703\t0.28\tray::NodeActor.poll\n6654\t0.23\tray::IDLE\n7001\t0.20\tray::IDLE\n"
         "Refer to the documentation on how to address the out of memory issue: https://docs.ray.io/")
     why = why_died(oom)
     assert why.startswith("1 worker(s) were killed due to the node running low on memory. Memory on the node "
                           "(IP: 10.0.0.3) was 23.17GB used / 23.54GB limit (0.984); the node's top memory users: "
-                          "pid 9033 6.30 GB (python -u -m a4ray.mcore --model")
-    assert "pid 6654 0.23 GB (ray::IDLE)" in why and "7001" not in why and "f5fa03" not in why
+                          "pid 9033 6.30 GB (python -m a4ray.mcore), pid 4703 0.28 GB (ray::NodeActor.poll), "
+                          "pid 6654 0.23 GB (ray::IDLE)")  # programs only: a command line may carry a token
+    assert "7001" not in why and "f5fa03" not in why and "hf_secret" not in why

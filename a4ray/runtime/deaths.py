@@ -10,6 +10,7 @@ users. A report that says only "the actor died" leaves the user to dig that out 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import ray
 
@@ -56,4 +57,14 @@ def _top_memory_users(lines: list[str]) -> str:
     if start is None:
         return ""
     users = [m.groups() for line in lines[start + 1:start + 1 + _TOP_USERS] if (m := _MEMORY_USER.match(line))]
-    return ", ".join(f"pid {pid} {gb} GB ({' '.join(command.split())[:60]})" for pid, gb, command in users)
+    return ", ".join(f"pid {pid} {gb} GB ({_program(command)})" for pid, gb, command in users)
+
+
+def _program(command: str) -> str:
+    """What a process runs, without its arguments (a command line may carry a token): `python -m a4ray.mcore`,
+    `ray::NodeActor.poll`."""
+    words = command.split()
+    if not words:
+        return "?"
+    module = next((words[i + 1] for i in range(min(len(words) - 1, 4)) if words[i] == "-m"), None)
+    return Path(words[0]).name + (f" -m {module}" if module else "")
