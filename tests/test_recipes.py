@@ -255,7 +255,8 @@ def test_the_a4_defaults_with_the_megatron_trainer_print_every_nodes_command_and
             "Qwen/Qwen3-Next-80B-A3B-Instruct's published config.json)") in out
     # What the checkpoints will take, for the preflight's disk check: its published 80B parameters, 2 saves of 100.
     assert ("checkpoints: ~1,038.8 GiB each (79,674,391,296 parameters x 14 B: bf16 weights, fp32 main weights and "
-            "Adam's two moments), 2 on disk at most under /mnt/logs/output_megatron_qwen3_next_pretrain/checkpoint") in out
+            "Adam's two moments), 2 on disk at most under "
+            "/mnt/logs/output_megatron_qwen3_next_pretrain/checkpoint") in out
 
 
 def test_the_megatron_trainer_refuses_a_parallelism_the_model_cannot_take():

@@ -219,9 +219,9 @@ class Preflight(Step):
     def plan(self, workspace: str) -> list[str]:
         need = checkpoint_need(self.trainer, self.trainer.model_config())
         room = [] if need is None else [
-            f"checkpoints: ~{need.each} each ({need.reckoned})"
-            + (f", {need.count} on disk at most" if need.count else "") + f" under {need.path}: the disk check fails without "
-            f"room for one above the {self.spec.doctor.min_free_disk_gb:g} GiB floor and warns without room for all"]
+            f"checkpoints: ~{need.each} each ({need.reckoned})" + (f", {need.count} on disk at most" if need.count else "")
+            + f" under {need.path}: the disk check fails without room for one above the "
+            f"{self.spec.doctor.min_free_disk_gb:g} GiB floor and warns without room for all"]
         return [*room, "a failed check stops the pipeline before the train launch (--skip preflight to go on anyway)"]
 
     def run(self, ctx: Context) -> StepResult:
