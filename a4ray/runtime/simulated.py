@@ -269,7 +269,7 @@ class SimulatedCluster:
         # submitted here would run its driver on whichever cluster started last, or on any.
         ray_temp = Path(get_default_ray_temp_dir())
         ray_temp.mkdir(parents=True, exist_ok=True)
-        head["temp_dir"] = tempfile.mkdtemp(prefix=f"a4ray-{os.getpid()}-", dir=ray_temp)
+        head["temp_dir"] = tempfile.mkdtemp(prefix="a4-", dir=ray_temp)  # short: Ray's socket paths have a limit
         # The head's processes (its Ray Client proxy, its dashboard) take these from this process.
         with _environ({**HEAD_ENV, **(self.prometheus.head_env() if self.prometheus else {})}), \
                 _unadvertised(private=not self.shared):
