@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -278,6 +279,28 @@ def test_simulated_nodes_give_their_programs_a_share_of_the_machines_cores(local
     assert result.ok
     share = max(1, machine_cores() // 6)
     assert [next(t for t in n.last_lines if t.startswith("OMP=")) for n in result.nodes] == [f"OMP={share}"] * 3
+
+
+def test_local_rank_i_uses_the_nodes_ith_gpu_in_ascending_order(extra_nodes, tmp_path, capfd):
+    """Ray hands a node actor its GPUs in an order of its own: where the node's raylet has CUDA_VISIBLE_DEVICES
+    (a GPU host's slice, as a simulated cluster gives each node on one), `ray.get_gpu_ids()` comes from a set of
+    strings, in hash order (`gpus=1,0` and `gpus=3,2` were seen), and the ranks inherited it: local rank 0 took
+    the higher GPU. Local rank i uses the node's i-th GPU in ascending order, in the ranks'
+    CUDA_VISIBLE_DEVICES and in the node lines. Logical GPUs: Ray assigns their ids as it does real ones."""
+    slices = {i: {"CUDA_VISIBLE_DEVICES": ",".join(str(4 * i + g) for g in range(4))} for i in range(2)}
+    nodes = extra_nodes(nodes=2, gpus=4, node_env=slices)
+    script = tmp_path / "gpus.py"
+    script.write_text("import os\nprint(f\"GPUS {os.environ['LOCAL_RANK']} {os.environ['CUDA_VISIBLE_DEVICES']}\")\n")
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=4", "command.torchrun=true",
+               f"command.argv=[{script}]", *nodes.sets, workspace=tmp_path)
+    result = run(spec)
+    assert result.ok, result.verdict
+    out = capfd.readouterr().out
+    lines = re.findall(r"a4ray:   node (\d): .* gpus=(\S+) actor", out)
+    assert sorted(gpus for _, gpus in lines) == ["0,1,2,3", "4,5,6,7"], out[-3000:]
+    for node, gpus in lines:
+        log = (Path(result.gang.log_dir) / f"node-{int(node):02d}.log").read_text()
+        assert sorted(re.findall(r"GPUS (\d) (\S+)", log)) == [(str(i), gpus) for i in range(4)], log[-3000:]
 
 
 def test_two_local_clusters_never_share_a_node_address(local_cluster):

@@ -211,7 +211,7 @@ class NodeActor:
             ip=ray.util.get_node_ip_address(),
             hostname=socket.gethostname(),
             labels={k: v for k, v in ctx.get_node_labels().items() if not k.startswith("ray.io/")},
-            gpu_ids=[str(g) for g in ray.get_gpu_ids()],
+            gpu_ids=gpu_order(ray.get_gpu_ids()),
             python=sys.executable,
         )
 
@@ -270,6 +270,9 @@ class NodeActor:
             "A4RAY_ATTEMPT": str(request.attempt),  # > 0: a restart; resume from the latest checkpoint
             "PYTHONPATH": _with_a4ray_on_path(so_far.get("PYTHONPATH")),
         }
+        if base.get("CUDA_VISIBLE_DEVICES"):  # Ray's list for this actor, in a set's order: local rank i must
+            # take the node's i-th GPU, as torchrun on the node would (cuda:LOCAL_RANK indexes this list)
+            a4ray_vars["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_order(base["CUDA_VISIBLE_DEVICES"].split(",")))
         if request.flight_recorder:  # defaults only: what the image or user sets wins
             a4ray_vars.update({k: v for k, v in _flight_recorder_env(request).items()
                                if k not in so_far and _FR_OLD_NAMES.get(k) not in so_far})
@@ -620,6 +623,13 @@ def _ray_worker_env() -> dict[str, str]:
     if "OMP_NUM_THREADS" in node_env or "OMP_NUM_THREADS" in job_env:
         return {}
     return {"OMP_NUM_THREADS": value}
+
+
+def gpu_order(ids) -> list[str]:
+    """GPU ids in the node's ascending order. Ray hands an actor its GPUs in a set's order (`ray.get_gpu_ids()`
+    collects them in a set; where the raylet has CUDA_VISIBLE_DEVICES, a set of strings in hash order), and sets
+    the actor's CUDA_VISIBLE_DEVICES the same way: `gpus=1,0` was seen. Indexes sort as numbers, UUIDs after."""
+    return sorted((str(g) for g in ids), key=lambda g: (not g.isdigit(), int(g) if g.isdigit() else 0, g))
 
 
 def _with_a4ray_on_path(pythonpath: str | None) -> str:
