@@ -21,7 +21,7 @@ import annotated_types
 import pytest
 import ray
 from conftest import PYTHON, REPO, isolated_env
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 import a4ray
@@ -103,6 +103,27 @@ CASES = [
     Case("gpus-negative", "module:nccl_test", ["--gpus-per-node", "-1"], "cluster.gpus_per_node"),
     Case("local-nodes-a-word", "module:deepep_test", ["--local-nodes", "abc"], "--local-nodes"),
     Case("cluster-a-list", "cli", ["run", "-f", "{spec}"], "cluster", "kind: ddp_test\ncluster: [1, 2]\n"),
+    # ---------------------------------------------------------------- counts that are not integers
+    Case("nodes-true-yaml", "cli", ["run", "-f", "{spec}", "--dry-run"], "cluster.nodes: expected an integer",
+         "kind: ddp_test\ncluster: {nodes: true, gpus_per_node: 1}\n"),
+    Case("nodes-true-set", "module:qwen3_next", ["--dry-run", "--set", "cluster.nodes=true"],
+         "cluster.nodes: expected an integer (true and false are not numbers), got True (from --set "
+         "cluster.nodes=true)"),
+    Case("nodes-fraction", "module:ddp_test", ["--dry-run", "--set", "cluster.nodes=1.5"],
+         "cluster.nodes: expected an integer, got 1.5"),
+    Case("nodes-whole-float", "cli", ["doctor", "--dry-run", "-f", "{spec}"], "cluster.nodes: expected an integer",
+         "kind: ddp_test\ncluster: {nodes: 2.0}\n"),
+    Case("steps-true", "module:ddp_test", ["--dry-run", "--set", "ddp_test.steps=true"], "ddp_test.steps"),
+    Case("exit-code-true", "module:ddp_test", ["--dry-run", "--set", "restart.retry_exit_codes=[true]"],
+         "restart.retry_exit_codes[0]"),
+    Case("threshold-nodes-true", "module:nccl_test", ["--dry-run", "-f", "{spec}"], "nccl.thresholds.all_reduce",
+         "kind: nccl_test\nnccl: {thresholds: {all_reduce: {true: 100}}}\n"),
+    Case("timeout-true", "cli", ["run", "-f", "{spec}", "--dry-run"], "timeout_s: expected a number",
+         "kind: command\ncommand: {argv: [true]}\ntimeout_s: true\n"),
+    Case("cpus-true", "cli", ["stage", "-f", "{spec}", "--set", "staging.cpus=true"], "staging.cpus",
+         STAGE + art(name="a", source="/data/a", target="a")),
+    Case("ttl-true", "cli", ["render", "job", "-f", "{spec}", "--set", "kuberay.job.ttl_s=true"],
+         "kuberay.job.ttl_s", "kind: ddp_test\nkuberay: {image: 'registry.example/a4ray:1.0'}\n"),
     Case("start-timeout-zero", "module:ddp_test", ["--set", "cluster.start_timeout_s=0"], "cluster.start_timeout_s"),
     Case("gib-maybe", "module:nccl_test", ["-f", "{spec}"], "network.gib",
          "kind: nccl_test\nnetwork: {gib: maybe}\n"),
@@ -509,6 +530,74 @@ def test_every_number_in_every_spec_has_an_upper_bound():
     """The limits live in the models: a count without one is how `cluster.nodes=1000000000` got through."""
     unbounded = {f"{kind}: {field}" for kind, cls in JOB_KINDS.items() for field in _unbounded(cls)}
     assert not unbounded, sorted(unbounded)
+
+
+def _models(cls: type[BaseModel], seen: dict) -> dict:
+    """Every spec model reachable from `cls`, by name."""
+    if cls.__name__ not in seen:
+        seen[cls.__name__] = cls
+        for info in cls.model_fields.values():
+            for sub in _leaves(info.annotation):
+                if isinstance(sub, type) and issubclass(sub, BaseModel):
+                    _models(sub, seen)
+    return seen
+
+
+def _leaves(annotation) -> list:
+    args = typing.get_args(annotation)
+    return [leaf for arg in args for leaf in _leaves(arg)] if args else [annotation]
+
+
+def _holding(annotation, wrong: dict):
+    """A value of `annotation`'s shape with `wrong[int]` / `wrong[float]` where it holds an integer / a number
+    (mapping keys included), else None: a field of no such number."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _holding(args[0], wrong)
+    if annotation in (int, float):
+        return wrong.get(annotation)
+    if origin in (types.UnionType, typing.Union):
+        return next((value for arg in args if (value := _holding(arg, wrong)) is not None), None)
+    if origin is list and (item := _holding(args[0], wrong)) is not None:
+        return [item]
+    if origin is dict:
+        key, value = _holding(args[0], wrong), _holding(args[1], wrong)
+        if key is not None:
+            return {key: _fine(args[1])}
+        if value is not None:
+            return {_fine(args[0]): value}
+    return None
+
+
+def _fine(annotation):
+    """A well-formed value of a mapping's key or value type."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _fine(args[0])
+    return args[0] if origin is typing.Literal else {int: 1, float: 1.0, str: "x"}.get(annotation, {})
+
+
+@pytest.mark.parametrize("wrong", [{int: True, float: True}, {int: 1.5}, {int: 2.0}], ids=["true", "fraction",
+                                                                                        "whole-float"])
+def test_every_number_in_every_spec_is_a_number(wrong):
+    """YAML's `true` is no count, and neither is 1.5 or 2.0 where an integer is asked (a real number takes an
+    integer): every number of every spec, mapping keys and list items included, refuses them at its own field."""
+    models = {}
+    for cls in JOB_KINDS.values():
+        _models(cls, models)
+    taken = []
+    for cls in models.values():
+        for name, info in cls.model_fields.items():
+            value = _holding(info.annotation, wrong)
+            if value is None:
+                continue
+            try:
+                cls.model_validate({name: value})
+            except ValidationError as error:
+                if any(e["loc"][:1] == (name,) for e in error.errors()):
+                    continue
+            taken.append(f"{cls.__name__}.{name}={value!r}")
+    assert len(models) > 30 and not taken, taken
 
 
 def test_the_corpus_covers_every_job_kind():

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from a4ray.core.redact import redact_url
-from a4ray.spec.fields import MAX_CPUS_PER_NODE, NonNegativeInt, PathStr, PositiveInt, Seconds, Spec
+from a4ray.spec.fields import MAX_CPUS_PER_NODE, NonNegativeInt, Number, PathStr, PositiveInt, Seconds, Spec
 from a4ray.spec.job import JobSpec, job_kind
 
 SCHEMES = ("hf", "https", "http", "gs", "file", "git+https", "git+http", "git+file")
@@ -168,7 +168,7 @@ class StagingOptions(Spec):
     retries: NonNegativeInt = Field(2, description="re-runs of a staging task whose worker or node died (resuming)")
     replace: bool = Field(False, description="replace a target staged from another source, modified, or "
                           "not staged by a4ray (its files are reused where they verify)")
-    cpus: float = Field(1, gt=0, le=MAX_CPUS_PER_NODE, description="Ray CPUs each staging task holds")
+    cpus: Number = Field(1, gt=0, le=MAX_CPUS_PER_NODE, description="Ray CPUs each staging task holds")
     node_labels: dict[str, str] = Field(
         default_factory=dict, description="Ray node label selector for nodes that mount the workspace (default: any)")
 

@@ -11,6 +11,8 @@ from a4ray.spec.fields import (
     MAX_GPUS_PER_NODE,
     MAX_NODES,
     EnvVars,
+    Integer,
+    Number,
     PathStr,
     Seconds,
     Spec,
@@ -40,10 +42,11 @@ class TopologySpec(Spec):
 class ClusterSpec(Spec):
     """The gang: `nodes` whole machines of `machine_type`, each with `gpus_per_node` GPUs."""
 
-    nodes: int = Field(2, gt=0, le=MAX_NODES)
-    gpus_per_node: int = Field(8, gt=0, le=MAX_GPUS_PER_NODE)
+    nodes: Integer = Field(2, gt=0, le=MAX_NODES)
+    gpus_per_node: Integer = Field(8, gt=0, le=MAX_GPUS_PER_NODE)
     machine_type: str = Field("a4-highgpu-8g", pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=63)
-    cpus_per_node: float = Field(1, gt=0, le=MAX_CPUS_PER_NODE, description="Ray CPUs the node actor reserves per node")
+    cpus_per_node: Number = Field(1, gt=0, le=MAX_CPUS_PER_NODE,
+                                  description="Ray CPUs the node actor reserves per node")
     start_timeout_s: Seconds = Field(120, description="how long to wait for the gang to be placed")
     stop_grace_s: Seconds = Field(10, description="SIGTERM to SIGKILL grace when stopping a node")
     launcher: Literal["a4ray", "torchrun"] = Field(

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat
+from pydantic import Field
 
-from a4ray.spec.fields import NonNegativeInt, PathStr, PositiveInt, Spec
+from a4ray.spec.fields import NonNegativeInt, PathStr, PositiveFloat, PositiveInt, Spec
 from a4ray.spec.job import JobSpec, job_kind
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat
+from pydantic import Field
 
-from a4ray.spec.fields import PositiveInt, Spec
+from a4ray.spec.fields import NonNegativeFloat, PositiveInt, Spec
 from a4ray.spec.job import JobSpec, job_kind
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from a4ray.spec.fields import MAX_GPUS_PER_NODE, EnvVars, PathStr, PositiveInt, Spec
+from a4ray.spec.fields import MAX_GPUS_PER_NODE, EnvVars, Integer, PathStr, PositiveInt, Spec
 from a4ray.spec.job import job_kind
 from a4ray.spec.mpi import FabricTestJob
 
@@ -24,7 +24,7 @@ class DeepEPSpec(Spec):
     env: EnvVars = Field(default_factory=dict, description="DeepEP/NVSHMEM variables; win over env_script, "
                          "e.g. DEEP_EP_DEVICE_TO_HCA_MAPPING, NVSHMEM_IB_GID_INDEX, LD_PRELOAD")
     python: PathStr = Field("", description="python on the nodes; empty: the node actor's")
-    num_processes: int | None = Field(None, gt=0, le=MAX_GPUS_PER_NODE, description="GPU processes the test spawns per node "
+    num_processes: Integer | None = Field(None, gt=0, le=MAX_GPUS_PER_NODE, description="GPU processes the test spawns per node "
                                               "(default: cluster.gpus_per_node; upstream asserts 8)")
     num_tokens: PositiveInt = 4096
     hidden: PositiveInt = 7168

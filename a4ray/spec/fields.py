@@ -6,7 +6,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict
 from pydantic_core import PydanticCustomError
 
 from a4ray.core.redact import is_secret_value
@@ -39,11 +39,28 @@ MAX_GPUS_PER_NODE = 16
 # Ray CPUs per node: a4-highgpu-8g has 224 vCPUs; no machine type reaches this.
 MAX_CPUS_PER_NODE = 1024
 
-PositiveInt = Annotated[int, Field(gt=0, le=INT_MAX)]
-NonNegativeInt = Annotated[int, Field(ge=0, le=INT_MAX)]
-Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
-NonNegativeSeconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
-ExitCode = Annotated[int, Field(ge=0, le=255)]
+
+def _not_a_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise PydanticCustomError("float_type", "Input should be a number")
+    return value
+
+
+# Every number of every spec is one of these two, because Python's bool is an int and pydantic takes `true` as
+# 1: YAML's `nodes: true` would be a gang of one. An integer is strict: written as one, never a bool, 2.0 (a
+# count with a fraction point is a slip, refused at once rather than guessed) or text. A real number takes an
+# integer and the text of a number (PyYAML reads `1e3` as text, YAML 1.2 as a float), never a bool.
+# tests/test_bad_input.py holds every number of every spec to this.
+Integer = Annotated[int, Strict()]
+Number = Annotated[float, BeforeValidator(_not_a_bool)]
+
+PositiveInt = Annotated[Integer, Field(gt=0, le=INT_MAX)]
+NonNegativeInt = Annotated[Integer, Field(ge=0, le=INT_MAX)]
+PositiveFloat = Annotated[Number, Field(gt=0)]
+NonNegativeFloat = Annotated[Number, Field(ge=0)]
+Seconds = Annotated[Number, Field(gt=0, le=MAX_SECONDS)]
+NonNegativeSeconds = Annotated[Number, Field(ge=0, le=MAX_SECONDS)]
+ExitCode = Annotated[Integer, Field(ge=0, le=255)]
 
 
 def _env_value(value: Any) -> str:

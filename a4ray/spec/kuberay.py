@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator
 
-from a4ray.spec.fields import MAX_SECONDS, PathStr, Spec
+from a4ray.spec.fields import MAX_SECONDS, Integer, PathStr, Spec
 
 # Kubernetes resource quantity (e.g. 250Gi, 500m, 200).
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
@@ -137,11 +137,11 @@ class RayJobOptions(Spec):
     """RayJob-only settings (`a4ray render job`, `a4ray submit`)."""
 
     submission_mode: Literal["K8sJobMode", "HTTPMode", "SidecarMode"] = "K8sJobMode"
-    ttl_s: int = Field(600, ge=0, le=MAX_SECONDS, description="keep the finished cluster this long (logs) before deleting it")
-    active_deadline_s: int | None = Field(None, gt=0, le=MAX_SECONDS, description="fail the RayJob after this long")
-    pre_running_deadline_s: int | None = Field(
+    ttl_s: Integer = Field(600, ge=0, le=MAX_SECONDS, description="keep the finished cluster this long (logs) before deleting it")
+    active_deadline_s: Integer | None = Field(None, gt=0, le=MAX_SECONDS, description="fail the RayJob after this long")
+    pre_running_deadline_s: Integer | None = Field(
         None, gt=0, le=MAX_SECONDS, description="fail the RayJob if it is not running after this long (e.g. nodes never came)")
-    backoff_limit: int = Field(0, ge=0, le=1000, description="retries of the whole RayJob, each on a new cluster")
+    backoff_limit: Integer = Field(0, ge=0, le=1000, description="retries of the whole RayJob, each on a new cluster")
 
 
 class MonitoringSpec(Spec):

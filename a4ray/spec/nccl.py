@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BeforeValidator, Field, PositiveFloat, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
-from a4ray.spec.fields import MAX_NODES, NonNegativeInt, PathStr, PositiveInt, Spec
+from a4ray.spec.fields import MAX_NODES, Integer, NonNegativeInt, Number, PathStr, PositiveFloat, PositiveInt, Spec
 from a4ray.spec.job import job_kind
 from a4ray.spec.mpi import FabricTestJob
 
@@ -45,6 +45,15 @@ def format_size(n: int) -> str:
 MAX_SIZE = 2**40
 Size = Annotated[int, Field(gt=0, le=MAX_SIZE), BeforeValidator(parse_size)]
 
+
+def _count_key(key: Any) -> Any:
+    # A mapping's keys are text in JSON (a spec with overrides applied goes through it) and in `--set
+    # nccl.thresholds.all_reduce.4=250`: there the node count 4 is "4". A bool stays refused.
+    return int(key) if isinstance(key, str) and key.isdigit() else key
+
+
+NodeCount = Annotated[Integer, Field(gt=0, le=MAX_NODES), BeforeValidator(_count_key)]
+
 # Expected bus bandwidth (GB/s) at the largest size, by collective and node count (the entry with the
 # largest node count <= the gang's applies). For whole A4 nodes: 8 x B200, each with its own 400 Gb/s
 # ConnectX-7 RoCE NIC, so a node has 400 GB/s to the fabric and the ring/tree bound of all_reduce,
@@ -65,7 +74,7 @@ class NcclTestSpec(Spec):
     )
     min_bytes: Size = Field(parse_size("1G"), description="-b: smallest size (nccl-tests notation: 1G = 2^30)")
     max_bytes: Size = Field(parse_size("8G"), description="-e: largest size; busbw here is the verdict's figure")
-    factor: int = Field(2, ge=2, le=1024, description="-f: size multiplier between rows")
+    factor: Integer = Field(2, ge=2, le=1024, description="-f: size multiplier between rows")
     iters: PositiveInt = Field(5, description="-n: timed iterations per size")
     warmup: NonNegativeInt = Field(5, description="-w: untimed iterations before each size")
     dtype: Literal["float", "half", "bfloat16"] = "float"
@@ -83,14 +92,14 @@ class NcclTestSpec(Spec):
         "auto", description="what NCCL must use between nodes; auto: gib if network.gib=on, else rdma "
         "(gIB or IB); any on simulated or single-node gangs",
     )
-    thresholds: dict[Collective, dict[Annotated[int, Field(gt=0, le=MAX_NODES)], PositiveFloat]] = Field(
+    thresholds: dict[Collective, dict[NodeCount, PositiveFloat]] = Field(
         default_factory=lambda: {k: dict(v) for k, v in A4_THRESHOLDS.items()},
         description="minimum busbw (GB/s) at the largest size, by collective then node count (the largest "
         "count <= the gang's applies); defaults: 75% of whole A4 nodes' bound; {} for none",
     )
     isolate: bool = Field(False, description="when the all-node result fails or is below threshold, test "
                           "node pairs to name the slow or broken nodes")
-    isolate_ratio: float = Field(0.8, gt=0, le=1, description="a pair below this share of the best pair's busbw "
+    isolate_ratio: Number = Field(0.8, gt=0, le=1, description="a pair below this share of the best pair's busbw "
                                  "is slow (used where no threshold applies)")
 
     @model_validator(mode="after")

@@ -263,6 +263,9 @@ def _describe(error: dict, cls: type[BaseModel]) -> str:
     if kind == "secret_in_spec":
         return secret_in_spec(dotted(loc))
     msg = error["msg"].replace("Value error, ", "")
+    if kind in ("int_type", "float_type"):  # spec.fields.Integer / Number: what a count is, not "a valid integer"
+        msg = "Input should be " + ("an integer" if kind == "int_type" else "a number") + (
+            " (true and false are not numbers)" if isinstance(error.get("input"), bool) else "")
     if msg.startswith("Input should be "):
         wanted = msg.removeprefix("Input should be ")
         article = "" if wanted.startswith(("a ", "an ", "'", '"', "one of", "a valid")) else "a value "

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from a4ray.spec.fields import ExitCode, NonNegativeSeconds, PositiveInt, Seconds, Spec
+from a4ray.spec.fields import ExitCode, Integer, NonNegativeSeconds, Number, PositiveInt, Seconds, Spec
 
 # Failures worth another attempt: the fabric or a peer went away, not the job's configuration.
 RETRY_PATTERNS = [
@@ -46,7 +46,7 @@ class RestartSpec(Spec):
     """Relaunch the gang (a new placement group, so a lost node is replaced by a free one) from the
     latest complete checkpoint, up to `max_restarts` times. Never after success or a config error."""
 
-    max_restarts: int = Field(0, ge=0, le=1000)
+    max_restarts: Integer = Field(0, ge=0, le=1000)
     backoff_s: NonNegativeSeconds = 10
     retry_exit_codes: list[ExitCode] = Field(default_factory=list, description="always retried")
     never_exit_codes: list[ExitCode] = Field(default_factory=lambda: [2], description="never retried (2: usage error)")
@@ -65,7 +65,7 @@ class StragglerSpec(Spec):
     a straggler (the Megatron trainer reports it; Pai's and ms-swift's loops do not)."""
 
     enabled: bool = True
-    threshold: float = Field(0.15, gt=0, description="how much slower than the gang's median (0.15 = 15%)")
+    threshold: Number = Field(0.15, gt=0, description="how much slower than the gang's median (0.15 = 15%)")
     windows: PositiveInt = Field(3, description="consecutive slow windows before a node is flagged")
 
 
@@ -79,8 +79,8 @@ class ObserveSpec(Spec):
 class DoctorSpec(Spec):
     """Preflight thresholds (`a4ray doctor`, and the pipeline's preflight step before training)."""
 
-    min_shm_gb: float = Field(8, ge=0, description="/dev/shm size below this is a warning (A4 pods: 250Gi)")
-    min_free_disk_gb: float = Field(20, ge=0, description="free space on the workspace below this is a failure")
+    min_shm_gb: Number = Field(8, ge=0, description="/dev/shm size below this is a warning (A4 pods: 250Gi)")
+    min_free_disk_gb: Number = Field(20, ge=0, description="free space on the workspace below this is a failure")
     max_clock_skew_s: Seconds = Field(2.0, description="clock skew against the driver above this fails")
     network: bool = Field(True, description="run a short all-reduce over the gang and check NCCL's transport")
     network_bytes: str = Field("1G", description="all-reduce size of the network check (nccl-tests notation); "

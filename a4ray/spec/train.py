@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import Field, PositiveFloat, model_validator
+from pydantic import Field, model_validator
 
-from a4ray.spec.fields import Arg, EnvVars, NonNegativeInt, PathStr, PositiveInt, Spec
+from a4ray.spec.fields import Arg, EnvVars, NonNegativeInt, Number, PathStr, PositiveFloat, PositiveInt, Spec
 
 
 class ParallelSpec(Spec):
@@ -45,7 +45,7 @@ class PaiSpec(Spec):
     recompute: Literal["sel", "full", "offload", "none"] = Field("none", description="AC: activation checkpointing")
     recompute_layers: PositiveInt | None = Field(None, description="MP_AC_LAYERS: layers per recompute/offload "
                                                  "chunk for recompute=full|offload (Pai's default: 1)")
-    optimizer_offload: float | None = Field(None, gt=0, le=1, description="OPTIMIZER_OFFLOAD: the fraction of the "
+    optimizer_offload: Number | None = Field(None, gt=0, le=1, description="OPTIMIZER_OFFLOAD: the fraction of the "
                                             "optimizer kept on the CPU (None: off); needs distributed_optimizer")
     pad_len: PositiveInt | None = Field(None, description="PAD_LEN (--max-padding-length): what JSON SFT samples "
                                         "are padded to; default: train.seq_len")
@@ -65,7 +65,7 @@ class TorchTrainerSpec(Spec):
     precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 autocast on GPUs, fp32 on CPU")
     num_layers: PositiveInt | None = Field(None, description="keep only the first N layers of the model (a canary "
                                            "of a model too large to train whole under DDP)")
-    weight_decay: float = Field(0.01, ge=0)
+    weight_decay: Number = Field(0.01, ge=0)
     grad_clip: PositiveFloat = 1.0
     seed: NonNegativeInt = 1234
     keep_checkpoints: PositiveInt = Field(2, description="checkpoints kept (the newest)")
@@ -86,9 +86,9 @@ class MegatronTrainerSpec(Spec):
     distributed_optimizer: Literal["auto", "on", "off"] = Field(
         "auto", description="auto: megatron-core's distributed optimizer where the backend has reduce-scatter")
     lr_decay_style: Literal["cosine", "linear", "constant"] = "cosine"
-    weight_decay: float = Field(0.1, ge=0)
+    weight_decay: Number = Field(0.1, ge=0)
     grad_clip: PositiveFloat = 1.0
-    aux_loss_coeff: float | None = Field(None, ge=0, description="the routers' load-balancing loss coefficient "
+    aux_loss_coeff: Number | None = Field(None, ge=0, description="the routers' load-balancing loss coefficient "
                                          "(default: the HF config's router_aux_loss_coef)")
     seed: NonNegativeInt = 1234
     keep_checkpoints: NonNegativeInt = Field(0, description="checkpoints kept, the newest (0: all)")
@@ -115,7 +115,7 @@ class TrainSpec(Spec):
     micro_batch_size: PositiveInt = 1
     global_batch_size: PositiveInt | None = Field(None, description="default: micro_batch_size x data-parallel size")
     lr: PositiveFloat = 1e-5
-    min_lr: float = Field(1e-6, ge=0)
+    min_lr: Number = Field(1e-6, ge=0)
     seq_len: PositiveInt = 1024
     iterations: PositiveInt = Field(100, description="training iterations (Pai pretraining takes tokens: a4ray "
                                     "passes iterations x global batch x seq_len)")
@@ -164,13 +164,13 @@ class SwiftTrainSpec(Spec):
     load: PathStr = Field("", description="ms-swift < 3.12: the mcore checkpoint for --load; default: the convert output")
     dataset: list[str] = Field(default_factory=lambda: ["AI-ModelScope/orpo-dpo-mix-40k"],
                                description="ModelScope/HF dataset ids or staged paths (relative to the workspace)")
-    split_dataset_ratio: float = Field(0.01, ge=0, lt=1)
+    split_dataset_ratio: Number = Field(0.01, ge=0, lt=1)
     packing: bool = Field(True, description="pack samples (DPO packing needs ms-swift >= 3.8)")
     parallel: ParallelSpec = ParallelSpec(tp=4, ep=8, etp=1)
     moe_permute_fusion: bool = True
     moe_grouped_gemm: bool = True
     moe_shared_expert_overlap: bool = True
-    moe_aux_loss_coeff: float = Field(1e-3, ge=0)
+    moe_aux_loss_coeff: Number = Field(1e-3, ge=0)
     micro_batch_size: PositiveInt = 1
     global_batch_size: PositiveInt = 4
     recompute: Literal["full", "selective", "none"] = "full"
@@ -181,8 +181,8 @@ class SwiftTrainSpec(Spec):
     finetune: bool = True
     cross_entropy_loss_fusion: bool = True
     lr: PositiveFloat = 1e-5
-    lr_warmup_fraction: float = Field(0.05, ge=0, lt=1)
-    min_lr: float = Field(1e-6, ge=0)
+    lr_warmup_fraction: Number = Field(0.05, ge=0, lt=1)
+    min_lr: Number = Field(1e-6, ge=0)
     output: PathStr = Field("megatron_output/Qwen3-30B-A3B-Instruct-2507", description="--save (3.x) / --output_dir (4.x)")
     save_interval: PositiveInt = 200
     eval_interval: PositiveInt = 200
@@ -198,9 +198,9 @@ class SwiftTrainSpec(Spec):
     attention_backend: Literal["flash", "fused", "unfused", "auto"] = "flash"
     optimizer_cpu_offload: bool = True
     use_precision_aware_optimizer: bool = True
-    optimizer_offload_fraction: float = Field(1.0, gt=0, le=1)
+    optimizer_offload_fraction: Number = Field(1.0, gt=0, le=1)
     beta: PositiveFloat = 0.1
-    rpo_alpha: float | None = Field(
+    rpo_alpha: Number | None = Field(
         None, ge=0, description="None: not passed, plain DPO (ms-swift's default, seed 004 and the 3.8 example); "
         "the >= 3.12 examples pass 0.1, which adds an NLL loss on the chosen answers: a different objective, "
         "so chosen here, not inherited from an example")
