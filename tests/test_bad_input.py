@@ -99,8 +99,18 @@ CASES = [
     # ---------------------------------------------------------------- cluster, network, storage
     Case("nodes-a-word", "cli", ["run", "-f", "{spec}"], "cluster.nodes",
          "kind: command\ncommand: {argv: [true]}\ncluster: {nodes: two}\n"),
-    Case("local-nodes-zero", "module:ddp_test", ["--local-nodes", "0"], "cluster.nodes"),
-    Case("gpus-negative", "module:nccl_test", ["--gpus-per-node", "-1"], "cluster.gpus_per_node"),
+    # An option that stands for a field is named as typed, not as the --set it becomes.
+    Case("local-nodes-zero", "module:ddp_test", ["--local-nodes", "0"], "cluster.nodes: expected a value greater "
+         "than 0, got 0 (from --local-nodes 0)"),
+    Case("local-nodes-zero-recipe", "module:qwen3_next", ["--local-nodes", "0", "--dry-run"],
+         "cluster.nodes: expected a value greater than 0, got 0 (from --local-nodes 0)"),
+    Case("local-nodes-zero-rehearsal", "module:qwen3_next", ["--local-nodes", "0"], "(from --local-nodes 0)"),
+    Case("local-nodes-zero-run", "cli", ["run", "-f", "{spec}", "--local-nodes", "0"], "(from --local-nodes 0)",
+         "kind: command\ncommand: {argv: [true]}\n"),
+    Case("gpus-negative", "module:nccl_test", ["--gpus-per-node", "-1"], "cluster.gpus_per_node: expected a value "
+         "greater than 0, got -1 (from --gpus-per-node -1)"),
+    Case("local-up-nodes-zero", "cli", ["local", "up", "--nodes", "0"], "cluster.nodes: expected a value greater "
+         "than 0, got 0 (from --nodes 0)"),
     Case("local-nodes-a-word", "module:deepep_test", ["--local-nodes", "abc"], "--local-nodes"),
     Case("cluster-a-list", "cli", ["run", "-f", "{spec}"], "cluster", "kind: ddp_test\ncluster: [1, 2]\n"),
     # ---------------------------------------------------------------- counts that are not integers
@@ -167,7 +177,8 @@ CASES = [
     Case("set-secret-key-bad-value", "module:ddp_test", ["--set", f"network.env.HF_TOKEN=[{TOKEN}"],
          "network.env.HF_TOKEN"),
     Case("from-bogus", "module:qwen3", ["--from", "bogus"], "--from"),
-    Case("skip-bogus", "module:qwen3_next", ["--skip", "bogus"], "pipeline.skip"),
+    Case("skip-bogus", "module:qwen3_next", ["--skip", "bogus"], "pipeline.skip[0]: expected 'stage', 'convert', "
+         "'preflight' or 'train', got 'bogus' (from --skip bogus)"),
     Case("run-dir-missing", "module:ddp_test", ["--run-dir", "{tmp}/no-run"], "no-run"),
     Case("only-unknown", "cli", ["stage", "-f", "{spec}", "--only", "nope"], "nope",
          STAGE + art(name="a", source="/data/a", target="a")),
@@ -624,6 +635,8 @@ SUBPROCESS_CASES = [
      "cluster.nodes"),
     ("duplicate-key", [PYTHON, "-m", "a4ray.cli", "run", "-f", "{spec}"], "kind: ddp_test\nname: a\nname: b\n",
      "'name' is given twice"),
+    ("local-nodes-zero", [PYTHON, "-m", "a4ray.qwen3_next", "--local-nodes", "0", "--dry-run"], None,
+     "cluster.nodes: expected a value greater than 0, got 0 (from --local-nodes 0)"),
 ]
 
 

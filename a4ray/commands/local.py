@@ -34,10 +34,13 @@ from a4ray.driver.main import error_exit
 from a4ray.observe import prometheus
 from a4ray.runtime import auth
 from a4ray.runtime.simulated import SimulatedCluster
+from a4ray.spec.job import ClusterJob
+from a4ray.spec.overrides import validate
 
 NAME = "local Ray cluster (a4ray local up)"
 HEADLINE = "python -m a4ray.qwen3_next"  # the README's main job: on simulated nodes it rehearses
 _STOP_WAIT_S = 120  # `down`: how long the cluster has to shut down (its nodes' raylets, the head)
+SHAPE = {"nodes": "--nodes", "gpus_per_node": "--gpus-per-node", "machine_type": "--machine-type"}  # cluster.*
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
@@ -105,6 +108,10 @@ def port(text: str) -> int:
 def _up(args: argparse.Namespace) -> int:
     metrics = prometheus.installed() is not None if args.metrics is None else args.metrics
     try:
+        # The shape's limits are a cluster spec's; an error names the option as typed (--nodes 0).
+        shape = {field: getattr(args, field) for field in SHAPE}
+        validate(ClusterJob, {"cluster": shape}, NAME,
+                 {("cluster", field): f"{flag} {shape[field]}" for field, flag in SHAPE.items()})
         cluster = SimulatedCluster(args.nodes, args.gpus_per_node, machine_type=args.machine_type,
                                    dashboard=True, dashboard_port=args.dashboard_port,
                                    client_port=args.client_port or None, host=args.host, name=NAME, shared=True,

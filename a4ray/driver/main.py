@@ -30,7 +30,7 @@ from a4ray.pipeline import rehearsal
 from a4ray.runtime import connect as connection
 from a4ray.spec.job import JOB_KINDS, JobSpec
 from a4ray.spec.loader import check_kind, load_job
-from a4ray.spec.overrides import read_yaml_file
+from a4ray.spec.overrides import Given, read_yaml_file
 from a4ray.spec.recipes import RECIPE_KINDS, STEPS
 from a4ray.staging.stager import Staging
 from a4ray.workloads.doctor import Doctor
@@ -49,6 +49,13 @@ class Option:
     def dest(self) -> str:
         return self.kwargs.get("dest") or self.flags[0].lstrip("-").replace("-", "_")
 
+    def given(self, value: Any) -> list[Given]:
+        """Its overrides, each with the option as the user typed it (errors name that, not a `--set`)."""
+        action = self.kwargs.get("action")
+        typed = (" ".join(f"{self.flags[0]} {item}" for item in value) if action == "append" else self.flags[0]
+                 if action in ("store_true", "store_false") else f"{self.flags[0]} {value}")
+        return [(assignment, typed) for assignment in self.overrides(value)]
+
 
 @dataclass(frozen=True)
 class Command:
@@ -63,9 +70,10 @@ class Command:
 ISOLATE = Option(("--isolate",), "on failure or low busbw, test node pairs to name the bad nodes (nccl.isolate)",
                  lambda on: ["nccl.isolate=true"] if on else [], {"action": "store_true"})
 VERIFY = Option(("--verify",), "verify the checkpoint (default for the native backend)",
-                lambda value: [] if value is None else [f"convert.verify.enabled={str(value).lower()}"],
+                lambda value: ["convert.verify.enabled=true"] if value is True else [],
                 {"dest": "verify", "action": "store_true", "default": None})
-NO_VERIFY = Option(("--no-verify",), "skip verification", kwargs={"dest": "verify", "action": "store_false"})
+NO_VERIFY = Option(("--no-verify",), "skip verification", lambda value: ["convert.verify.enabled=false"]
+                   if value is False else [], {"dest": "verify", "action": "store_false"})
 SKIP = Option(("--skip",), f"steps not to run ({', '.join(STEPS)}); their outputs must exist",
               lambda items: [f"pipeline.skip=[{','.join(s.strip() for i in items for s in i.split(',') if s.strip())}]"]
               if items else [], {"action": "append", "default": [], "metavar": "STEP[,STEP]"})
@@ -164,15 +172,16 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def _overrides(command: Command, args: argparse.Namespace) -> list[str]:
-    """--local-nodes / --gpus-per-node and the command's options as spec overrides; explicit --set wins."""
-    sets = []
+def _overrides(command: Command, args: argparse.Namespace) -> list[Given]:
+    """--local-nodes / --gpus-per-node and the command's options as spec overrides, each naming the option; explicit
+    --set wins."""
+    sets: list[Given] = []
     if args.local_nodes is not None:
-        sets.append(f"cluster.nodes={args.local_nodes}")
+        sets.append((f"cluster.nodes={args.local_nodes}", f"--local-nodes {args.local_nodes}"))
     if args.gpus_per_node is not None:
-        sets.append(f"cluster.gpus_per_node={args.gpus_per_node}")
+        sets.append((f"cluster.gpus_per_node={args.gpus_per_node}", f"--gpus-per-node {args.gpus_per_node}"))
     for option in command.options:
-        sets += option.overrides(getattr(args, option.dest))
+        sets += option.given(getattr(args, option.dest))
     return sets + list(args.set)
 
 

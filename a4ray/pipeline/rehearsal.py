@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from a4ray.core.console import say
@@ -21,7 +22,7 @@ from a4ray.mcore.architecture import Architecture
 from a4ray.pipeline.pipeline_result import PipelineResult
 from a4ray.runtime.simulated import local_root
 from a4ray.spec.loader import load_job
-from a4ray.spec.overrides import parse_sets
+from a4ray.spec.overrides import Given, parse_sets
 from a4ray.staging.stager import make_standins
 
 JOBS_DIR = Path(__file__).resolve().parents[2] / "jobs"
@@ -38,22 +39,24 @@ def is_local_profile(kind: str, config: str | Path | None) -> bool:
     return config is not None and profile is not None and Path(config).resolve() == profile.resolve()
 
 
-def fit_to_nodes(kind: str, profile: str | Path, sets: list[str], flag: str, *, make: bool = True) -> list[str]:
+def fit_to_nodes(kind: str, profile: str | Path, sets: Sequence[Given], flag: str, *, make: bool = True
+                 ) -> list[Given]:
     """The overrides that make a local profile fit the node count `sets` give it (`flag` names the option
     that gave it, for errors): expert parallelism, the largest that divides both the experts of every model
-    the profile stages and the GPUs per pipeline stage. None where the user set it (`--set`) or it fits as is.
+    the profile stages and the GPUs per pipeline stage. None where the user set it (`--set`) or it fits as is;
+    an error in what they set names `flag`.
     A node count that still does not fit is an error naming `flag` and the `--set` to change. `make`: make the
     profile's stand-ins first where they are missing (not for a dry run: the models are then read where
     they are, if they are)."""
     spec = load_job(profile, sets, kind=kind)
     par, field = spec.train.parallelism()
     given = {path for path, _, _ in parse_sets(sets)}
-    overrides = []
+    overrides: list[Given] = []
     experts = sorted(set(_experts(spec, make)))
     if f"{field}.ep" not in given and experts:
         ep = math.gcd(spec.cluster.world_size // (par.etp * par.pp), *experts)
         if ep != par.ep:
-            overrides.append(f"{field}.ep={ep}")
+            overrides.append((f"{field}.ep={ep}", flag))
             say(f"{flag}: {field}.ep={ep} (expert parallelism that divides the {'/'.join(map(str, experts))} "
                 f"experts of the profile's models and its {spec.cluster.world_size} GPUs); the global batch: "
                 f"{load_job(profile, [*sets, *overrides], kind=kind).global_batch} (one micro-batch per "
@@ -100,7 +103,7 @@ def shown(path: Path) -> str:
         return str(path)
 
 
-def a4_summary(kind: str, sets: list[str], result: PipelineResult) -> str:
+def a4_summary(kind: str, sets: Sequence[Given], result: PipelineResult) -> str:
     """After a local rehearsal: its outputs, and in one line what the same command runs on A4 and where every
     node's command is (the recipe's plan, `--dry-run`: a rehearsal's stream is no place for it)."""
     lines = ["", f"outputs of this rehearsal (run directory {result.run_dir}):"]

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import copy
 import difflib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from a4ray.core.errors import SpecError
 from a4ray.spec.job import JOB_KINDS
-from a4ray.spec.overrides import apply_overrides, assign_all, parse_sets, read_yaml_file, validate
+from a4ray.spec.overrides import Given, apply_overrides, assign_all, parse_sets, read_yaml_file, validate
 
 
-def load_job(path: str | Path | None, sets: list[str] | tuple[str, ...] = (), kind: str | None = None):
-    """Load a job spec: YAML file (or the kind's defaults when `path` is None), then `--set` overrides."""
+def load_job(path: str | Path | None, sets: Sequence[Given] = (), kind: str | None = None):
+    """Load a job spec: YAML file (or the kind's defaults when `path` is None), then `--set` overrides (and
+    those an option stands for, `(assignment, option)`: `overrides.Given`)."""
     if path is None:
         data, source = {}, f"<defaults of {kind}>"
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +23,9 @@ from a4ray.core.errors import SpecError
 from a4ray.core.redact import MASK, is_secret_name, secret_in_spec
 
 Override = tuple[str, Any, str]  # (dotted path, parsed value, how the user wrote it)
+# A `--set` as typed, or (the assignment an option stands for, the option as typed: `--local-nodes 0`), so that an
+# error names what the user gave.
+Given = str | tuple[str, str]
 Token = str | int
 J = TypeVar("J", bound=BaseModel)
 
@@ -141,20 +145,23 @@ def _split_top_level(text: str, sep: str) -> list[str]:
     return parts
 
 
-def parse_sets(items: list[str] | tuple[str, ...]) -> list[Override]:
-    """`["a.b=1,c[0]=x"]` -> `[("a.b", 1, "--set a.b=1"), ("c[0]", "x", "--set c[0]=x")]` (values typed by YAML)."""
+def parse_sets(items: Sequence[Given]) -> list[Override]:
+    """`["a.b=1,c[0]=x"]` -> `[("a.b", 1, "--set a.b=1"), ("c[0]", "x", "--set c[0]=x")]` (values typed by YAML);
+    `[("cluster.nodes=0", "--local-nodes 0")]` -> `[("cluster.nodes", 0, "--local-nodes 0")]`."""
     overrides: list[Override] = []
     for item in items:
-        for assignment in _split_top_level(item, ","):
+        text, option = (item, None) if isinstance(item, str) else item
+        for assignment in _split_top_level(text, ","):
             if not assignment.strip():
                 continue
             key, eq, raw = assignment.partition("=")
             if not eq or not key.strip():
-                raise SpecError("--set", [f"{assignment!r}: expected key=value (e.g. cluster.nodes=4)"])
+                raise SpecError(option or "--set", [f"{assignment!r}: expected key=value (e.g. cluster.nodes=4)"])
             # A value given for a secret-looking key (hf_token=...) is never echoed back in errors.
             shown = f"{key.strip()}={MASK}" if is_secret_name(key) else assignment.strip()
-            value = parse_yaml(raw, f"--set {shown}") if raw.strip() else ""
-            overrides.append((key.strip(), value, f"--set {shown}"))
+            origin = option or f"--set {shown}"
+            value = parse_yaml(raw, origin) if raw.strip() else ""
+            overrides.append((key.strip(), value, origin))
     return overrides
 
 
