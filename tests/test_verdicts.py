@@ -5,14 +5,19 @@ stack is missing or disagrees."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 from conftest import REPO
 
-from a4ray.observe.flight import match
+from a4ray.observe.flight import NoRecord, match
 from a4ray.observe.hang import judge
+from a4ray.observe.ras import Finding
 from a4ray.observe.stacks import StackDump
 from a4ray.observe.verdicts import NodeRef
+from a4ray.runtime.launch import GangResult, NodeResult
+from a4ray.runtime.restart import blamed_nodes, keep_off, should_retry
+from a4ray.spec.resilience import RestartSpec
 
 RECORDS = {r: json.loads((REPO / "tests" / "fixtures" / "flight_recorder_gloo" / f"rank_{r}.json").read_text())
            for r in range(4)}
@@ -32,38 +37,100 @@ def test_every_record_names_the_rank_that_never_entered_the_collective():
                                      "never joined gloo:all_reduce #4 of process group default, sizes [[4]]")
 
 
+TIMED_OUT = NoRecord(reason="timed out", detail="its flight-record server did not answer in 10s")
+
+
 def test_a_rank_without_a_record_is_judged_by_its_stack():
     records = {r: RECORDS[r] for r in range(3)}
     elsewhere = StackDump(rank="3", node=1, pid=103, where="load_batch (stuck.py:8)")
-    verdict = judge(records, {3: "did not answer"}, [*WAITING, elsewhere], NODES, NPROC)
+    verdict = judge(records, {3: TIMED_OUT}, [*WAITING, elsewhere], NODES, NPROC)
     assert [c.rank for c in verdict.culprits] == [3] and verdict.culprits[0].where == "load_batch (stuck.py:8)"
     assert verdict.evidence == ["flight recorder of rank(s) 0-2", "stacks of rank(s) 3"]
+    assert not verdict.undetermined
 
 
-def test_a_rank_with_neither_record_nor_stack_is_named_only_as_the_one_the_whole_group_waits_for():
+def test_the_evidence_rule_on_complete_partial_and_full_records():
+    """Complete records name the rank whose own record stops at #3; "did not answer" names no one: one rank
+    missing beside the culprit's record is not judged, the culprit's own record missing (alone or with
+    another's) leaves the verdict undetermined, naming the candidates and why each gave no evidence; every rank
+    answering from inside #4 is the fabric or a desync, not undetermined."""
+    complete = judge(RECORDS, {}, [], NODES, NPROC)
+    assert [c.rank for c in complete.culprits] == [3] and not complete.undetermined
+    assert complete.culprits[0].why == "its flight record stops before #4"
+
+    # One missing, not the culprit: rank 1 (it entered #4) cannot answer; rank 3's own record names it alone.
+    one = judge({r: RECORDS[r] for r in (0, 2, 3)}, {1: TIMED_OUT}, [], NODES, NPROC)
+    assert [c.rank for c in one.culprits] == [3] and not one.undetermined and one.waiting == [0, 2]
+    assert "rank(s) 1 not judged: no evidence either way (timed out)" in one.note
+
+    # One missing, the culprit: the others wait in #4, nothing says why rank 3 is not there.
+    alone = judge({r: RECORDS[r] for r in range(3)}, {3: TIMED_OUT}, [], NODES, NPROC)
+    assert alone.culprits == [] and alone.undetermined and [c.rank for c in alone.candidates] == [3]
+    assert alone.candidates[0].why == ("no flight record: timed out (its flight-record server did not answer in "
+                                       "10s); no stack")
+    assert alone.line().startswith("undetermined: ranks 0-2 wait in gloo:all_reduce #4 of process group default")
+
+    # Several missing: the culprit and a rank frozen inside #4.
+    frozen = StackDump(rank="1", node=0, pid=101, stopped=True,
+                       where="a stopped process (state T) in all_reduce (distributed_c10d.py:3252)")
+    several = judge({0: RECORDS[0], 2: RECORDS[2]}, {1: TIMED_OUT, 3: TIMED_OUT}, [frozen], NODES, NPROC)
+    assert several.culprits == [] and several.undetermined and [c.rank for c in several.candidates] == [1, 3]
+    assert "its stack (a stopped process (state T) in all_reduce" in several.candidates[0].why
+    assert "no culprit named" in several.line() and "rank 1 on node 0 (sim-host-001): no flight record" in \
+        several.line()
+
+    # All answering, every rank inside #4: the fabric or a desync.
+    inside = copy.deepcopy(RECORDS[3])
+    inside["entries"].append({**RECORDS[0]["entries"][-1]})
+    inside["pg_status"]["0"]["last_enqueued_collective"] = "4"
+    everyone = judge({**RECORDS, 3: inside}, {}, [], NODES, NPROC)
+    assert everyone.culprits == [] and not everyone.undetermined and everyone.waiting == [0, 1, 2, 3]
+    assert "every member of the group is inside #4: a desync or the fabric" in everyone.note
+
+
+def test_a_gone_process_a_stack_outside_and_ras_are_evidence_a_stack_frozen_inside_is_not():
     records = {r: RECORDS[r] for r in range(3)}
-    verdict = judge(records, {3: "did not answer"}, WAITING, NODES, NPROC)
-    assert [c.rank for c in verdict.culprits] == [3] and verdict.culprits[0].where == "did not answer"
-    assert "answered neither flight record nor stack dump, while every other member waits" in verdict.note
+    gone = judge(records, {3: NoRecord(reason="process gone", detail="its process had exited")}, [], NODES, NPROC)
+    assert [(c.rank, c.where, c.why) for c in gone.culprits] == [(3, "exited", "its process is gone")]
+    assert gone.evidence == ["flight recorder of rank(s) 0-2", "exit of rank(s) 3"]
+    stopped_out = StackDump(rank="3", node=1, pid=103, stopped=True, where="a stopped process (state T) in "
+                            "load_batch (stuck.py:8)")
+    assert [c.rank for c in judge(records, {3: TIMED_OUT}, [stopped_out], NODES, NPROC).culprits] == [3]
+    stopped_in = stopped_out.model_copy(update={"where": "a stopped process (state T) in all_reduce (x.py:1)"})
+    assert judge(records, {3: TIMED_OUT}, [stopped_in], NODES, NPROC).undetermined
+    behind = Finding(kind="missing-ops", detail="launched up to AllReduce operation 3 while rank(s) 0-2 of its "
+                     "communicator launched up to 4", pid=103, host="127.0.0.3")
+    by_ras = judge(records, {3: TIMED_OUT}, [], NODES, NPROC, {3: behind})
+    assert [(c.rank, c.why) for c in by_ras.culprits] == [(3, "NCCL RAS")] and "NCCL RAS on rank(s) 3" in by_ras.evidence
+    teardown = behind.model_copy(update={"kind": "unresponsive", "detail": "sent RAS no communicator data"})
+    assert judge(records, {3: TIMED_OUT}, [], NODES, NPROC, {3: teardown}).undetermined
 
 
-def test_evidence_that_disagrees_names_no_one():
-    """Rank 3 gave no record, and its stack says it waits in a collective too: a desync or the fabric."""
-    records = {r: RECORDS[r] for r in range(3)}
-    inside = StackDump(rank="3", node=1, pid=103, where="all_reduce (distributed_c10d.py:3252)")
-    verdict = judge(records, {3: "did not answer"}, [*WAITING, inside], NODES, NPROC)
-    assert verdict.culprits == [] and verdict.line().startswith("no culprit named: ")
-    assert "rank(s) 3 gave no record but their stacks are in a collective" in verdict.note
+def test_an_undetermined_verdict_keeps_no_node_off_and_blames_no_host():
+    records = {0: RECORDS[0], 2: RECORDS[2]}
+    verdict = judge(records, {1: TIMED_OUT, 3: TIMED_OUT}, [], NODES, NPROC)
+    node = NodeResult(rank=1, gang_rank=1, hostname="sim-host-002", host="sim-host-002", ip="127.0.0.3",
+                      node_id="x", location="", status="failed", exit_code=None)
+    result = GangResult(job="j", launch_id="l", ok=False, failure="hung", failure_kind="hang", failed_node=1,
+                        nodes=[node], hang_verdict=verdict)
+    assert blamed_nodes(result) == {} and keep_off(result, blamed_nodes(result)) == {}
+    retry, why = should_retry(result, RestartSpec(max_restarts=1), 0)
+    assert retry and why.startswith("the launch hung (undetermined: ")
+    named = result.model_copy(update={"hang_verdict": judge(RECORDS, {}, [], NODES, NPROC)})
+    assert list(blamed_nodes(named)) == ["sim-host-002"]
 
 
 def test_stacks_alone_name_the_rank_outside_the_collective_and_nothing_names_no_one():
     elsewhere = StackDump(rank="3", node=1, pid=103, where="load_batch (stuck.py:8)")
-    verdict = judge({}, {r: "no flight-record server (not an a4ray program)" for r in range(4)},
-                    [*WAITING, elsewhere], NODES, NPROC)
+    no_server = {r: NoRecord(reason="no server", detail="not an a4ray program") for r in range(4)}
+    verdict = judge({}, no_server, [*WAITING, elsewhere], NODES, NPROC)
     assert [c.rank for c in verdict.culprits] == [3] and verdict.collective is None and verdict.waiting == [0, 1, 2]
     assert judge({}, {}, [], NODES, NPROC).culprits == []
     all_inside = [*WAITING, StackDump(rank="3", node=1, pid=103, where="all_reduce (distributed_c10d.py:3252)")]
     assert judge({}, {}, all_inside, NODES, NPROC).culprits == []
+    # The ranks with stacks wait in a collective, rank 3 gave none: undetermined.
+    silent = judge({}, no_server, WAITING, NODES, NPROC)
+    assert silent.undetermined and [c.rank for c in silent.candidates] == [3]
 
 
 def test_a_straggler_is_flagged_after_its_windows_and_its_gauge_stays_up_after_a_recovery(monkeypatch):

@@ -1,14 +1,19 @@
 """PyTorch's flight recorder on a hang: every rank's record of its collectives, fetched on its node, and
 matched across ranks into "which collective is stuck, and which ranks never joined it".
 
-Getting a rank's record (on its node, by the node actor):
-  * NCCL: writing to the rank's debug pipe (`TORCH_NCCL_DEBUG_INFO_PIPE_FILE<rank>`) makes its watchdog
-    thread dump the record to `TORCH_FR_DUMP_TEMP_FILE<rank>` (a pickle); an NCCL timeout dumps it too
-    (`TORCH_NCCL_DUMP_ON_TIMEOUT`).
+Getting a rank's record (on its node, by the node actor: `collect`, every rank of the node at once):
+  * NCCL: the debug pipe is `<TORCH_NCCL_DEBUG_INFO_PIPE_FILE><global rank>.pipe`, made (mkfifo, opened for
+    reading) only by process group 0's heartbeat thread, and only when TORCH_FR_BUFFER_SIZE > 0; that thread
+    reads it every TORCH_NCCL_COORD_CHECK_MILSEC (1 s) while TORCH_NCCL_DUMP_ON_TIMEOUT is on, and a byte
+    written to it makes the rank dump its record to `<TORCH_FR_DUMP_TEMP_FILE><global rank>` (a pickle). An
+    NCCL timeout dumps it there too. The pipe outlives its reader: a pipe nobody reads (ENXIO on opening it
+    to write) is a rank whose process group 0 is gone, one in teardown.
   * gloo (and NCCL), in a4ray's own rank programs: each serves torch's c10d worker server on a Unix socket
     (`programs/distributed.py`), whose C++ `fr_trace_json` handler answers while the rank's Python is blocked
     in a collective. torch 2.13 records gloo collectives (`gloo:all_reduce`, collective_seq_id 1, 2, ...).
   * a user's program on gloo serves nothing: its stacks are the evidence (`hang.py`).
+Each rank without a record carries why (`NoRecord`): no pipe, timed out, process gone, in teardown. Only a
+process gone says something about the rank; the others say only that it could not answer.
 
 Matching: a4ray matches collective_seq_id per process group itself: in a group whose collective #S some
 rank entered and did not finish, the members that never entered #S are the culprits. torch's own analyzer
@@ -21,15 +26,22 @@ from __future__ import annotations
 
 import argparse
 import ast
+import errno
 import http.client
 import json
+import os
 import pickle
 import socket
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Literal
 
+import psutil
 from pydantic import BaseModel
 
 from a4ray.observe.verdicts import Collective
+from a4ray.programs.record import fr_socket_path
 
 
 class _UnixHTTP(http.client.HTTPConnection):
@@ -62,6 +74,160 @@ def read_dump(path: Path) -> dict:
     """An NCCL dump file (a pickle torch wrote for this launch's rank)."""
     with open(path, "rb") as f:
         return pickle.load(f)
+
+
+NoRecordReason = Literal["no pipe", "no server", "timed out", "process gone", "in teardown", "no answer from its node"]
+_PRECEDENCE = ["process gone", "in teardown", "timed out", "no pipe", "no server", "no answer from its node"]
+
+
+class NoRecord(BaseModel):
+    """Why a rank gave no flight record. Only "process gone" is evidence about the rank (it exited, or a signal
+    ended it); the others say that it could not answer, which a rank only slow to, or frozen, shares with the
+    culprit."""
+
+    reason: NoRecordReason
+    detail: str = ""
+
+    @property
+    def evidence(self) -> bool:
+        return self.reason == "process gone"
+
+    def line(self) -> str:
+        return f"{self.reason} ({self.detail})" if self.detail else self.reason
+
+
+def collect(ranks: dict[int, int], expected: list[int], env: dict[str, str], sockets: Path, out_dir: Path,
+            since: float, timeout_s: float = 10.0) -> dict[int, dict | NoRecord]:
+    """Every rank's flight record on one node: global rank -> its record, or why there is none.
+
+    `ranks`: the node's live rank processes (global rank -> pid); `expected`: the node's ranks (one not among
+    `ranks` has exited); `env`: the launch's env (where the pipes and dumps are); `sockets`: where a4ray's
+    programs serve theirs; `out_dir`: where the records are kept; `since`: when the launch started (an older dump
+    is a previous launch's). Every rank is asked at once, through its debug pipe and its worker server; then
+    this waits until each has a record, has gone, or `timeout_s` has passed."""
+    found: dict[int, dict | NoRecord] = {}
+    if ranks:  # none found while the launch runs: the processes could not be read, which says nothing of them
+        for rank in expected:
+            if rank not in ranks:
+                found[rank] = NoRecord(reason="process gone", detail="its process had exited (or a signal ended "
+                                       "it) when the hang was judged")
+    pipe_stem = env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "")
+    dump_stem = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or ""
+    failed: dict[int, list[NoRecord]] = {rank: [] for rank in ranks}
+    piped: set[int] = set()
+    for rank in ranks:
+        reason = _write_pipe(pipe_stem, rank, env)
+        if reason is None:
+            piped.add(rank)
+        else:
+            failed[rank].append(reason)
+    pool = ThreadPoolExecutor(max(1, min(16, len(ranks))))
+    served: dict[int, Future] = {}
+    for rank in ranks:
+        path = fr_socket_path(str(sockets), rank)
+        if os.path.exists(path):
+            served[rank] = pool.submit(fetch_json, path, timeout_s)
+        else:
+            failed[rank].append(NoRecord(reason="no server", detail="no a4ray flight-record server (not an a4ray "
+                                         "program)"))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            for rank, pid in ranks.items():
+                if isinstance(found.get(rank), dict):
+                    continue
+                future = served.get(rank)
+                if future is not None and future.done():
+                    served.pop(rank)
+                    try:
+                        found[rank] = record = future.result()
+                        (out_dir / f"rank_{rank}.json").write_text(json.dumps(record))
+                        continue
+                    except (OSError, ValueError) as e:
+                        failed[rank].append(_server_failed(e, timeout_s))
+                record = _read_new_dump(dump_stem, rank, since)
+                if record is not None:
+                    found[rank] = record
+                elif not _alive(pid):
+                    failed[rank].append(NoRecord(reason="process gone", detail="its process ended while its "
+                                                 "record was asked for"))
+                    piped.discard(rank)
+                    served.pop(rank, None)
+            waiting = [r for r in ranks if not isinstance(found.get(r), dict) and (r in piped or r in served)]
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(0.25)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    check_ms = env.get("TORCH_NCCL_COORD_CHECK_MILSEC", "1000")
+    for rank in ranks:
+        if isinstance(found.get(rank), dict):
+            continue
+        reasons = failed[rank]
+        if rank in piped:
+            reasons.append(NoRecord(reason="timed out", detail=f"no dump {timeout_s:g}s after its debug pipe was "
+                                    f"written (its heartbeat thread reads it every {check_ms} ms while "
+                                    "TORCH_NCCL_DUMP_ON_TIMEOUT is on)"))
+        if rank in served:
+            reasons.append(NoRecord(reason="timed out", detail=f"its flight-record server did not answer in "
+                                    f"{timeout_s:g}s"))
+        found[rank] = _why(reasons)
+    return found
+
+
+def _write_pipe(stem: str, rank: int, env: dict[str, str]) -> NoRecord | None:
+    """Ask rank `rank` for a dump through its debug pipe; None once asked, else why it cannot be."""
+    if not stem:
+        return NoRecord(reason="no pipe", detail="TORCH_NCCL_DEBUG_INFO_PIPE_FILE is not set")
+    pipe = Path(f"{stem}{rank}.pipe")
+    if not pipe.exists():
+        size = env.get("TORCH_FR_BUFFER_SIZE") or env.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or "0"
+        return NoRecord(reason="no pipe", detail=f"no {pipe.name} (process group 0's heartbeat thread makes it "
+                        f"in an NCCL rank, with TORCH_FR_BUFFER_SIZE > 0; here {size})")
+    try:
+        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(fd, b"1")
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # the pipe outlives its reader, process group 0's heartbeat thread
+            return NoRecord(reason="in teardown", detail=f"nothing reads {pipe.name}: its process group 0 is gone")
+        return NoRecord(reason="no pipe", detail=f"{pipe.name}: {e.strerror or e}")
+    return None
+
+
+def _read_new_dump(stem: str, rank: int, since: float) -> dict | None:
+    path = Path(f"{stem}{rank}") if stem else None
+    try:
+        if path is None or path.stat().st_mtime < since:
+            return None  # none yet, or a previous launch's
+        return read_dump(path)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None  # not there yet, or being written: the next pass reads it
+
+
+def _server_failed(e: Exception, timeout_s: float) -> NoRecord:
+    if isinstance(e, (TimeoutError, socket.timeout)):
+        return NoRecord(reason="timed out", detail=f"its flight-record server did not answer in {timeout_s:g}s")
+    return NoRecord(reason="timed out", detail=f"its flight-record server failed ({type(e).__name__}: {e})")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _why(reasons: list[NoRecord]) -> NoRecord:
+    """The reason that says most (a process gone over a pipe in teardown over a timeout over a missing pipe)."""
+    reasons = sorted(reasons, key=lambda r: _PRECEDENCE.index(r.reason))
+    if not reasons:
+        return NoRecord(reason="no answer from its node")
+    first = reasons[0]
+    rest = [r.line() for r in reasons[1:] if r.reason != first.reason or r.detail != first.detail]
+    return NoRecord(reason=first.reason, detail="; ".join(filter(None, [first.detail, *rest])))
 
 
 class Match(BaseModel):

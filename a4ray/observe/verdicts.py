@@ -9,6 +9,9 @@ from pydantic import BaseModel
 from a4ray.observe.stacks import ranges
 
 
+_SHOWN = 8  # candidates spelled out in a verdict's line
+
+
 class NodeRef(BaseModel):
     """A node of the gang as a person finds it: gang rank, host, IP and topology block."""
 
@@ -41,21 +44,48 @@ class Collective(BaseModel):
 class Culprit(BaseModel):
     rank: int  # global rank
     node: NodeRef
-    where: str = ""  # what its stack shows, or "did not answer"
+    where: str = ""  # what its stack shows, "exited", or what NCCL's RAS said of it
+    why: str = ""  # the evidence about this rank: "its flight record", "its stack", "its process is gone", "NCCL RAS"
+
+
+class Candidate(BaseModel):
+    """A rank an undetermined verdict could not clear or name, and why it gave no evidence either way."""
+
+    rank: int
+    node: NodeRef
+    why: str  # e.g. "no flight record: timed out (its flight-record server did not answer in 10s); no stack"
+
+    def describe(self) -> str:
+        return f"rank {self.rank} on node {self.node.node} ({self.node.host}): {self.why}"
 
 
 class HangVerdict(BaseModel):
-    """Who a hang waits for. `culprits` is empty when the evidence is missing or disagrees (`note` says
-    which): a4ray never names a rank it has no evidence against."""
+    """Who a hang waits for. A rank is named only on evidence about that rank (its own flight record, its
+    process gone, its stack, NCCL's RAS); a rank that did not answer is not named for that. `undetermined`: the
+    ranks that answered show someone did not join, and nothing says who; `candidates` are those who could be
+    it, each with why it gave no evidence. `culprits` is empty then, and wherever the evidence is missing or
+    disagrees (`note` says which)."""
 
     collective: Collective | None = None
     culprits: list[Culprit] = []
     waiting: list[int] = []  # ranks inside the collective (or blocked in a collective, from the stacks)
-    evidence: list[str] = []  # what the verdict rests on: "flight recorder", "stacks"
+    evidence: list[str] = []  # what the verdict rests on: "flight recorder", "stacks", "NCCL RAS"
     analyzer: str = ""  # who matched the flight-recorder dumps
+    undetermined: bool = False
+    candidates: list[Candidate] = []
+    ras: str = ""  # one line: what NCCL's RAS said, or why it was not heard
     note: str = ""
 
     def line(self) -> str:
+        if self.undetermined:
+            waiting = f"ranks {ranges(self.waiting)} wait in {self.collective.describe()}" if self.collective and \
+                self.waiting else "ranks wait in a collective"
+            shown = [c.describe() for c in self.candidates[:_SHOWN]]
+            more = len(self.candidates) - len(shown)
+            candidates = "; ".join(shown) + (f"; and {more} more (in verdict.json)" if more > 0 else "")
+            return (f"undetermined: {waiting} and some rank never joined, but nothing says which; no culprit named "
+                    f"(evidence: {', '.join(self.evidence) or 'none'}); candidates: {candidates}"
+                    + (f"; {self.note}" if self.note else ""))
         if not self.culprits:
             return f"no culprit named: {self.note or 'no evidence'}"
         ranks = ", ".join(f"rank {c.rank} on {c.node.describe()}" + (f" [{c.where}]" if c.where else "")
