@@ -159,3 +159,191 @@ def test_a_table_wraps_cells_at_spaces_never_inside_a_path():
     text = table("pipeline", ["step", "detail"], [["convert", detail]])
     assert any(path in line for line in text.splitlines())  # whole, on one line, however wide that makes it
     assert all(line == line.rstrip() for line in text.splitlines())
+
+
+def ras_verbose_status() -> str:
+    """A `VERBOSE STATUS` answer of NCCL's RAS, built with NCCL's own format strings: src/ras/client_support.cc at
+    tag v2.28.9-1 (NVIDIA/nccl), rasClientRunInit lines 542-544 (version), rasClientRunComms lines 1020 (the
+    gathering time), 1174-1175 and 1213 (the table), 1225-1230 and 1280 (Errors, INCOMPLETE job processes),
+    1295-1296 and 1313 (DEAD), 1336-1337 and 1348 (a communicator's INCOMPLETE), 1396-1397 (Warnings), 1413
+    (MISMATCH), 1423 and 1471/1479/1485 (ranks' status), 1549, 1578 and 1588, 1595-1596, 1601-1602 (operation
+    counts). C's %ld and %016lx are Python's %d and %016x. Communicator #0-0 is the issue's 2-H200 hang (rank 1
+    never launched AllReduce #3); #1-0 an 8-rank one where 6 ranks launched 40 and ranks 5 (alone) and 6-7
+    (together, so listed under their count) are behind; rank 9's process is dead; rank 3 of #1-0 is in teardown."""
+    host = "192.0.2.2"
+    out = ["NCCL version 2.28.9+cuda12.9 compiled with CUDA 12.9\n",
+           "CUDA runtime version %d, driver version %d\n\n" % (12090, 12080),
+           "\nCommunicators...", " (%.3fs)\n=============\n\n" % 0.012,
+           "Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors\n"
+           "    #  in group  per comm  per node  per comm  in group\n",
+           "%5d  %8d  %8d  %8s  %8d  %8d  %8s  %6s\n" % (0, 1, 1, "2", 2, 2, "RUNNING", "MISMATCH"),
+           "%5d  %8d  %8d  %8s  %8d  %8d  %8s  %6s\n" % (1, 1, 2, "4", 8, 8, "RUNNING", "INCOMPLETE,MISMATCH"),
+           "\nErrors\n======\n\n",
+           "INCOMPLETE\n  Missing communicator data from %d job process%s\n" % (1, ""),
+           "  Process %d on node %s managing GPU%s %s\n" % (803, "192.0.2.3", "", "3"), "\n",
+           "DEAD\n  %d job process%s considered dead (unreachable via the RAS network)\n" % (1, " is"),
+           "  Process %d on node %s managing GPU%s %s\n" % (809, "192.0.2.3", "", "1"), "\n",
+           "#%d-%d (%016x) INCOMPLETE\n  Missing communicator data from %d rank%s\n" % (1, 0, 0x5a, 1, ""),
+           "  Rank %d -- GPU %s managed by process %d on node %s\n" % (3, "3", 803, "192.0.2.3"), "\n",
+           "Warnings\n========\n\n",
+           "#%d-%d (%016x) MISMATCH\n" % (0, 0, 0x8ac639d88b72043d),
+           "  Communicator ranks have different %s operation counts\n" % "AllReduce",
+           "  Rank %d has launched up to operation %d -- GPU %s managed by process %d on node %s\n"
+           % (0, 3, "0", 750, host),
+           "  Rank %d has launched up to operation %d -- GPU %s managed by process %d on node %s\n"
+           % (1, 2, "1", 751, host), "\n",
+           "#%d-%d (%016x) MISMATCH\n" % (1, 0, 0x5a),
+           "  Communicator ranks have different status\n",
+           "  %d ranks have status %s\n" % (7, "RUNNING"),
+           "  Rank %d has status %s -- GPU %s managed by process %d on node %s\n"
+           % (4, "FINALIZE", "0 (NVML 4)", 804, "192.0.2.3"),
+           "  Communicator ranks have different %s operation counts\n" % "AllGather",
+           "  %d ranks have launched up to operation %d\n" % (5, 40),
+           "  %d ranks have launched up to operation %d\n" % (2, 39),
+           "  Rank %d -- GPU %s managed by process %d on node %s\n" % (6, "2", 806, "192.0.2.3"),
+           "  Rank %d -- GPU %s managed by process %d on node %s\n" % (7, "3", 807, "192.0.2.3"),
+           "  Rank %d has not launched any operations -- GPU %s managed by process %d on node %s\n"
+           % (5, "1", 805, "192.0.2.3"), "\n"]
+    return "".join(out)
+
+
+def test_nccl_ras_text_names_the_ranks_behind_and_the_dead_and_tells_teardown_from_evidence():
+    from a4ray.observe.ras import parse
+
+    report = parse(ras_verbose_status())
+    assert report.version.startswith("NCCL version 2.28.9") and report.complete
+    got = {(f.kind, f.comm, f.comm_rank, f.pid, f.host, f.gpu): f for f in report.findings}
+    behind = got[("missing-ops", "#0-0 (8ac639d88b72043d)", 1, 751, "192.0.2.2", "1")]
+    assert behind.evidence and behind.detail == ("launched up to AllReduce operation 2 while rank(s) 0 of its "
+                                                 "communicator launched up to 3")
+    assert ("missing-ops", "#0-0 (8ac639d88b72043d)", 0, 750, "192.0.2.2", "0") not in got  # ahead: waits
+    comm = "#1-0 (000000000000005a)"
+    for rank, pid, gpu in ((6, 806, "2"), (7, 807, "3")):
+        assert got[("missing-ops", comm, rank, pid, "192.0.2.3", gpu)].detail.startswith(
+            "launched up to AllGather operation 39 while 5 ranks of its communicator launched up to 40")
+    assert got[("missing-ops", comm, 5, 805, "192.0.2.3", "1")].detail.startswith("launched no AllGather operation")
+    assert got[("dead", "", None, 809, "192.0.2.3", "1")].evidence
+    for teardown in (got[("unresponsive", "", None, 803, "192.0.2.3", "3")],
+                     got[("unresponsive", comm, 3, 803, "192.0.2.3", "3")],
+                     got[("status", comm, 4, 804, "192.0.2.3", "0 (NVML 4)")]):
+        assert not teardown.evidence
+    assert len(report.findings) == 8
+
+
+def test_the_ras_client_speaks_ncclras_protocol_and_maps_processes_to_global_ranks():
+    """A local TCP server speaking RAS's side of the protocol as src/ras/client_support.cc (v2.28.9-1) does (lines
+    354-376: `CLIENT PROTOCOL` -> `SERVER PROTOCOL 2`, `TIMEOUT n` -> `OK`, `VERBOSE STATUS` -> the report, then
+    the connection closed, line 467), the report from NCCL's format strings (`ras_verbose_status`)."""
+    import socket
+    import threading
+
+    from a4ray.observe import ras
+
+    server = socket.create_server(("127.0.0.1", 0))
+    heard: list[str] = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn, conn.makefile("rb") as lines:
+            for raw in lines:
+                cmd = raw.decode().strip()
+                heard.append(cmd)
+                if cmd.upper().startswith("CLIENT PROTOCOL "):
+                    conn.sendall(b"SERVER PROTOCOL 2\n")
+                elif cmd.upper().startswith("TIMEOUT "):
+                    conn.sendall(b"OK\n")
+                elif cmd.upper() == "VERBOSE STATUS":
+                    conn.sendall(ras_verbose_status().encode())
+                    return
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    addr = f"127.0.0.1:{server.getsockname()[1]}"
+    node = ras.ask(0, {0: 750, 1: 751}, addr, timeout_s=5)
+    thread.join(timeout=5)
+    server.close()
+    assert heard == ["CLIENT PROTOCOL 2", "TIMEOUT 1", "VERBOSE STATUS"], heard
+    assert node.report is not None and node.why == ""
+    # Node 0's address as RAS names it (a simulated node's would be its own); node 1 has ranks 2-7.
+    node.host_addresses = ["192.0.2.2"]
+    other = ras.NodeRas(node=1, address=addr, host_addresses=["192.0.2.3"],
+                        pids={2: 802, 3: 803, 4: 804, 5: 805, 6: 806, 7: 807}, why="not asked")
+    found, line = ras.attribute([node, other])
+    assert {r: f.kind for r, f in found.items()} == {1: "missing-ops", 3: "unresponsive", 4: "status",
+                                                    5: "missing-ops", 6: "missing-ops", 7: "missing-ops"}
+    assert line.startswith("NCCL RAS (2.28.9+cuda12.9): rank 1 launched up to AllReduce operation 2 while rank(s) 0")
+    assert "rank 3 sent RAS no communicator data (unresponsive, or in teardown) (not evidence)" in line
+    assert "considered dead by NCCL" in line and "process 809 on 192.0.2.3" in line  # not one of these ranks
+    # Where nothing listens: one line says so.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{probe.getsockname()[1]}"
+    silent = ras.ask(0, {0: 750}, closed, timeout_s=2)
+    assert silent.report is None and silent.why.startswith(f"RAS not listening on {closed} (NCCL < 2.24")
+    assert ras.attribute([silent]) == ({}, f"NCCL RAS not heard: {silent.why}")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_watchdog_judges_a_hang_at_the_runs_own_pace():
+    """3 s per iteration, a line every iteration: judged once 120 s (the floor, above 20 x 3 s) pass without
+    one; a line every 10 iterations: 20 x 30 s; a checkpoint being saved allows no_progress_s until it is done."""
+    from a4ray.observe.hang import Watchdog
+    from a4ray.spec.resilience import WatchdogSpec
+
+    clock = _Clock()
+    dog = Watchdog(WatchdogSpec(no_progress_s=1800), clock=clock)
+    dog.progress(1)
+    for it in range(2, 6):
+        clock.now += 3
+        dog.progress(it)
+        dog.progress(it)  # another rank's line of the same iteration
+    clock.now += 119
+    assert dog.why() is None
+    clock.now += 2
+    assert dog.why() == ("no new iteration for 121s (after iteration 5; the run's pace: 20 x its median 3s per "
+                         "iteration (60s), under observe.watchdog.pace_floor_s=120)")
+
+    sparse = Watchdog(WatchdogSpec(no_progress_s=1800), clock=clock)
+    for it in (1, 10, 20, 30):  # Megatron-LM's first line, then every log_interval
+        sparse.progress(it)
+        clock.now += 30
+    clock.now += 600 - 30 - 1
+    assert sparse.why() is None, sparse.why()
+    clock.now += 2
+    assert "the run's pace: 20 x its median 3s per iteration x 10 iterations a line" in sparse.why()
+
+    busy = Watchdog(WatchdogSpec(no_progress_s=1800), clock=clock)
+    for it in range(1, 5):
+        busy.progress(it)
+        clock.now += 3
+    busy.output([" saving checkpoint at iteration       4 to /ckpt in torch_dist format"])
+    clock.now += 1000
+    assert busy.why() is None
+    busy.output([" successfully saved checkpoint from iteration       4 to /ckpt"])
+    clock.now += 119
+    assert busy.why() is None
+    clock.now += 2
+    assert busy.why().startswith("no new iteration for 121s (after iteration 4; the run's pace")
+    busy.output(["a4ray: busy: evaluating on 10k samples"])
+    clock.now += 1800
+    assert busy.why().startswith("no new iteration for 1921s (after iteration 4; busy since 'a4ray: busy: "
+                                 "evaluating on 10k samples'; observe.watchdog.no_progress_s=1800)")
+
+    # no_progress_s stays the upper bound; before a second line only it applies; pace_multiple null turns it off.
+    for spec, lines, wait in ((WatchdogSpec(no_progress_s=4), 3, 4), (WatchdogSpec(no_progress_s=1800), 1, 1800),
+                              (WatchdogSpec(no_progress_s=1800, pace_multiple=None), 3, 1800)):
+        dog = Watchdog(spec, clock=clock)
+        for it in range(1, lines + 1):
+            dog.progress(it)
+            clock.now += 0.1
+        clock.now += wait - 0.2
+        assert dog.why() is None
+        clock.now += 0.3
+        assert dog.why().endswith(f"observe.watchdog.no_progress_s={spec.no_progress_s:g})")

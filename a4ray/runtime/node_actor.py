@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import pickle
 import re
 import shlex
 import shutil
@@ -34,7 +33,7 @@ from pydantic import BaseModel
 
 from a4ray.core.errors import EnvScriptFailed
 from a4ray.core.redact import Redactor, secret_values
-from a4ray.observe import flight, metrics
+from a4ray.observe import flight, metrics, ras
 from a4ray.observe.progress import Progress, parse_progress
 from a4ray.observe.stacks import StackDump, dump_all
 from a4ray.observe.straggler import ComputeWindow
@@ -42,7 +41,6 @@ from a4ray.programs.record import (  # what a4ray's rank programs print and serv
     COMPUTE_MARKER,
     FR_SOCKET_DIR_ENV,
     RESULT_MARKER,
-    fr_socket_path,
 )
 from a4ray.runtime.netenv import EnvLayer, build_env, gib_layer, source_script
 from a4ray.runtime.process import ManagedProcess, launch_processes
@@ -498,52 +496,27 @@ class NodeActor:
         node = self._request.node_rank
         return dump_all([(rank, node, pid) for rank, pid in self.rank_processes()], timeout_s)
 
-    def flight_records(self, timeout_s: float = 10) -> dict[int, dict | str]:
-        """Every rank's flight record (global rank -> the record, or why there is none), each also written to
-        `<log dir>/flight-recorder/`: NCCL's, dumped by writing to each rank's debug pipe (or already dumped
-        by its timeout); a4ray's programs', asked of their worker servers (see `observe.flight`)."""
+    def flight_records(self, timeout_s: float = 10) -> dict[int, dict | flight.NoRecord]:
+        """Every rank's flight record on this node (global rank -> the record, or why there is none: no pipe,
+        timed out, process gone, in teardown), each kept in `<log dir>/flight-recorder/`: every rank is asked at
+        once (NCCL's debug pipe, a4ray's worker servers) and waited for until `timeout_s` (`flight.collect`)."""
         request = self._request
-        if request is None or not request.flight_recorder:
+        if request is None or not request.flight_recorder or self._process is None:
             return {}
         out_dir = Path(request.log_dir) / "flight-recorder"
         out_dir.mkdir(parents=True, exist_ok=True)
-        pipes = list(flight_recorder_pipes(request.launch_id).glob("pipe_*"))
-        for pipe in pipes:
-            try:  # writing to a rank's debug-info pipe makes it dump its NCCL flight recorder
-                fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
-                os.write(fd, b"1")
-                os.close(fd)
-            except OSError:
-                pass
-        ranks = [int(rank) for rank, _ in self.rank_processes() if rank.isdigit()]
-        found: dict[int, dict | str] = {}
+        ranks = {int(rank): pid for rank, pid in self.rank_processes() if rank.isdigit()}
+        first = request.node_rank * request.nproc  # a launch numbers its ranks node by node
+        return flight.collect(ranks, list(range(first, first + request.nproc)), self._env or {},
+                              flight_recorder_pipes(request.launch_id), out_dir,
+                              since=self._process.started_at or 0.0, timeout_s=timeout_s)
 
-        def ask(rank: int) -> tuple[int, dict | str]:
-            path = fr_socket_path(str(flight_recorder_pipes(request.launch_id)), rank)
-            if not os.path.exists(path):
-                return rank, "no flight-record server (not an a4ray program)"
-            try:
-                record = flight.fetch_json(path, timeout_s)
-            except (OSError, ValueError) as e:
-                return rank, f"its flight-record server did not answer ({type(e).__name__}: {e})"
-            (out_dir / f"rank_{rank}.json").write_text(json.dumps(record))
-            return rank, record
-
-        if ranks:
-            with ThreadPoolExecutor(min(16, len(ranks))) as pool:
-                found.update(pool.map(ask, ranks))
-        deadline = time.monotonic() + (5 if pipes else 0)  # the NCCL watchdog dumps within its poll period
-        while True:
-            for path in out_dir.glob("nccl_trace_rank_*"):
-                rank = int(path.name.rsplit("_", 1)[1]) if path.name.rsplit("_", 1)[1].isdigit() else None
-                if rank is not None and not isinstance(found.get(rank), dict):
-                    try:
-                        found[rank] = flight.read_dump(path)
-                    except (OSError, EOFError, pickle.UnpicklingError):
-                        pass  # being written: the next pass reads it
-            if time.monotonic() >= deadline or all(isinstance(found.get(r), dict) for r in ranks):
-                return found
-            time.sleep(0.5)
+    def ras_status(self, timeout_s: float = 3) -> ras.NodeRas:
+        """What NCCL's RAS on this node says of the job's communicators (bounded by `timeout_s`), or why it says
+        nothing, with this node's addresses and rank pids, which map the processes it names to global ranks."""
+        node = self._request.node_rank if self._request is not None else -1
+        ranks = {int(rank): pid for rank, pid in self.rank_processes() if rank.isdigit()}
+        return ras.ask(node, ranks, (self._env or {}).get("NCCL_RAS_ADDR"), timeout_s)
 
     def call(self, fn, *args, **kwargs):
         """Run `fn(*args, **kwargs)` on this node (preflight checks, probes) and return its result."""

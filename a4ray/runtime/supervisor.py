@@ -128,11 +128,11 @@ class Supervisor:
             tail.append(line.text)
         del tail[:-LAST_LINES]
         if poll.lines:
-            self.watchdog.output()
+            self.watchdog.output(line.text for line in poll.lines)  # a line may say the run is busy (a save)
 
     def _on_progress(self, progress: Progress) -> None:
         out = self.outcome
-        self.watchdog.progress()
+        self.watchdog.progress(progress.iteration)
         if out.last_iteration is None or progress.iteration > out.last_iteration:
             out.iterations_seen += 1
             out.last_iteration = progress.iteration

@@ -29,17 +29,39 @@ NEVER_PATTERNS = [
 
 
 class WatchdogSpec(Spec):
-    """A hang is no new iteration line for `no_progress_s` once training has started, nothing in the
-    first `startup_s`, or no output at all for `no_output_s`. On a hang: stacks of every rank, then
-    restart (if the restart policy allows) or fail."""
+    """A hang is, once training runs, no new iteration line for the run's own pace (`pace_multiple` x its
+    median time per iteration, at least `pace_floor_s`, at most `no_progress_s`; a checkpoint being saved, an
+    evaluation or an `a4ray: busy` line leaves only `no_progress_s` until the run says it is done), nothing in the
+    first `startup_s`, or no output at all for `no_output_s`. On a hang: flight records, stacks and NCCL's RAS of
+    every rank, then restart (if the restart policy allows) or fail."""
 
     enabled: bool = True
-    no_progress_s: Seconds | None = Field(1800, description="max time between iteration lines")
+    no_progress_s: Seconds | None = Field(1800, description="max time between iteration lines, whatever the pace")
+    pace_multiple: Number | None = Field(20, gt=0, le=1_000_000, description="a hang is no new iteration for this "
+                                         "many times the run's median time per iteration (null: no_progress_s only)")
+    pace_floor_s: Seconds = Field(120, description="the run's pace never judges a hang sooner than this")
     startup_s: Seconds | None = Field(None, description="max time to the first iteration line")
     no_output_s: Seconds | None = Field(None, description="max time with no output from any node")
     py_spy: bool = Field(True, description="dump the Python stacks of every rank on a hang")
     flight_recorder: bool = Field(
         True, description="keep PyTorch's NCCL flight recorder on (TORCH_FR_BUFFER_SIZE) and dump it on a hang")
+
+    def rule(self) -> str:
+        """The rule in words, for the plan."""
+        if not self.enabled:
+            return "off (observe.watchdog.enabled=false)"
+        bound = f"{self.no_progress_s:g}s" if self.no_progress_s else "no bound"
+        parts = [f"a hang is no new iteration for max({self.pace_floor_s:g}s, {self.pace_multiple:g} x the run's "
+                 f"median time per iteration x the iterations between its lines), at most {bound}, once two "
+                 f"iteration lines have come; a checkpoint save, an evaluation or an `a4ray: busy` line allows "
+                 f"{bound} until the run says it is done" if self.pace_multiple else
+                 f"a hang is no new iteration for {bound}" if self.no_progress_s else
+                 "no new iteration is never a hang (no_progress_s and pace_multiple are null)"]
+        if self.startup_s:
+            parts.append(f"no iteration line in the first {self.startup_s:g}s")
+        if self.no_output_s:
+            parts.append(f"no output from any node for {self.no_output_s:g}s")
+        return "; or ".join(parts)
 
 
 class RestartSpec(Spec):

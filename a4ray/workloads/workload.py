@@ -161,7 +161,8 @@ class Workload(ABC, Generic[S]):
         env = describe_env_plan(self.spec.network, launches[0].env if launches else {})
         return Plan(job=self.spec.name, kind=self.spec.kind, rank_order=order, env=env,
                     nodes=[NodePlan(rank=i, argv=launch.argv, env=launch.env, cwd=launch.cwd)
-                           for i, launch in enumerate(launches)])
+                           for i, launch in enumerate(launches)],
+                    notes=[f"hang watchdog: {self.spec.observe.watchdog.rule()}"])
 
 
 def run_launch(gang: Gang, build, **kwargs) -> GangResult:
