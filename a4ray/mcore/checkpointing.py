@@ -88,6 +88,26 @@ def newest_complete(save: Path) -> int | None:
     return None
 
 
+def incomplete_after(save: Path, iteration: int | None) -> list[tuple[int, str]]:
+    """Checkpoints newer than `iteration` that are not loaded, each with why: a save that died leaves its
+    `.iter_NNNNNNN.tmp` (a rank killed while writing), a directory without mcore's closing metadata."""
+    found: dict[int, str] = {}
+    for d in Path(save).glob(".iter_*.tmp"):
+        try:
+            found[int(d.name.removeprefix(".iter_").removesuffix(".tmp"))] = (
+                f"{d.name}: its save did not finish (a rank died while writing it)")
+        except ValueError:
+            continue
+    for d in Path(save).glob("iter_*"):
+        try:
+            number = int(d.name.removeprefix("iter_"))
+        except ValueError:
+            continue
+        if not is_complete(d):
+            found.setdefault(number, f"{d.name}: incomplete (no metadata.json or .metadata)")
+    return sorted((n, why) for n, why in found.items() if iteration is None or n > iteration)
+
+
 def converted_dir(root: Path) -> Path:
     """The checkpoint directory a converted model's tracker names (`release` for a4ray's converter)."""
     root = Path(root)

@@ -190,6 +190,9 @@ def load_weights(args: argparse.Namespace, arch, naming: str, module, optimizer,
     """Resume from --save, else start from --load; returns (iteration done, where from)."""
     save = Path(args.save).resolve()
     resume = checkpointing.newest_complete(save)
+    for skipped, why in checkpointing.incomplete_after(save, resume):
+        say(f"not loading checkpoint iteration {skipped}: {why}; "
+            + (f"the newest complete one is iteration {resume}" if resume is not None else "no complete one"))
     if resume is not None:
         directory = checkpointing.iteration_dir(save, resume)
         loaded = checkpointing.load_resume(directory, module, optimizer, scheduler, use_dist_opt)

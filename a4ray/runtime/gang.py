@@ -308,8 +308,10 @@ class Gang:
             except Exception:  # noqa: BLE001 - a node that cannot answer now is as good as lost
                 nodes.append(NodeResult(**base, status="lost", last_lines=outcome.tails.get(rank, [])))
                 continue
-            # A process a4ray stopped is "stopped" whatever its exit code (bash may exit 0 on SIGTERM).
-            status = ("standby" if run.standby else "stopped" if run.stopped else
+            # A process a4ray stopped is "stopped" whatever its exit code (bash may exit 0 on SIGTERM), unless its
+            # node is the one that failed: the gang stops a node whose launcher reported a dead rank at once.
+            failed_here = outcome.kind == "failed" and outcome.failed_node == rank
+            status = ("standby" if run.standby else "failed" if failed_here else "stopped" if run.stopped else
                       "succeeded" if run.exit_code == 0 else "failed")
             duration = (run.ended_at - run.started_at) if run.ended_at and run.started_at else None
             nodes.append(NodeResult(**base, status=status, exit_code=run.exit_code, duration_s=duration,

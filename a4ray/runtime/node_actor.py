@@ -298,6 +298,7 @@ class NodeActor:
         self._process = ManagedProcess(
             request.argv, env=launch_env.env, cwd=request.cwd or None, launch_id=request.launch_id,
             on_line=self._on_line, grace_s=request.grace_s, on_exit=self._launch_ended,
+            settle=lambda: self._note(gpu_memory_freed(_node_gpus())),
         )
         self._process.start()
         report += [f"note: {self._priority}"] if self._priority else []
@@ -443,6 +444,10 @@ class NodeActor:
         self._output.wake()
         return self._process.returncode if self._process else None
 
+    def _note(self, text: str | None) -> None:
+        if text and self._node_log is not None and not self._node_log.closed:
+            self._node_log.write(f"# {text}\n")
+
     def result(self) -> NodeRun:
         p = self._process
         if p is not None:
@@ -528,6 +533,41 @@ class NodeActor:
             return os.access(path, os.W_OK)
         except OSError:
             return False
+
+
+GPU_FREE_MB = 512  # below this a GPU counts as free again (NVRx's bound)
+GPU_FREE_WAIT_S = 50.0  # how long a stopped node waits for its GPUs' memory (NVRx waits as long)
+
+
+def _node_gpus() -> list[str]:
+    """This node's GPUs as nvidia-smi numbers them (Ray's ids are the machine's indices)."""
+    import ray
+
+    return sorted({str(g) for g in ray.get_gpu_ids()}, key=lambda g: (len(g), g))
+
+
+def gpu_memory_freed(gpus: list[str], below_mb: int = GPU_FREE_MB, bound_s: float = GPU_FREE_WAIT_S) -> str | None:
+    """Wait until every GPU of `gpus` holds less than `below_mb` MiB, up to `bound_s`: a stopped rank's memory is
+    freed by the driver after its process is gone, and a relaunch that starts sooner can run out of memory. Says
+    what it found; None where there is nothing to wait for (no GPU, or no nvidia-smi: a CPU machine)."""
+    smi = shutil.which("nvidia-smi")
+    if not gpus or smi is None:
+        return None
+    start = time.monotonic()
+    used: dict[str, int] = {}
+    while True:
+        try:
+            out = subprocess.run([smi, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits",
+                                  f"--id={','.join(gpus)}"], capture_output=True, text=True, timeout=10).stdout
+            used = {i.strip(): int(float(mb)) for i, mb in (row.split(",") for row in out.splitlines() if "," in row)}
+        except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+            return f"GPU memory not checked after the stop: nvidia-smi failed ({type(e).__name__})"
+        waited = time.monotonic() - start
+        if used and all(mb < below_mb for mb in used.values()):
+            return f"GPUs {','.join(gpus)} free after the stop ({waited:.1f}s; MiB used: {used})"
+        if waited >= bound_s:
+            return f"GPUs {','.join(gpus)} still hold memory {bound_s:g}s after the stop (MiB used: {used})"
+        time.sleep(0.2)
 
 
 def _actor_log_not_forwarded() -> None:

@@ -5,7 +5,7 @@ launch runs in its own session (process group) and carries `A4RAY_LAUNCH_ID` in 
 stop it, every process of the group *and* every process carrying the id (in case one called setsid)
 gets SIGTERM, a bounded wait, then SIGKILL. A small reaper process watches a pipe from the owner and
 does the same when the owner dies by any means (SIGKILL, node actor killed), so nothing survives to
-hold a GPU.
+hold a GPU. A command's end is its pid's exit; its output is drained after, with a deadline.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Callable
 import psutil
 
 LAUNCH_ID_VAR = "A4RAY_LAUNCH_ID"
+DRAIN_S = 2.0  # how long output left in a pipe may hold a command's end once it has exited
 
 
 def launch_processes(pgid: int | None = None, launch_id: str | None = None) -> list[psutil.Process]:
@@ -66,7 +67,7 @@ class ManagedProcess:
 
     def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str | None, launch_id: str,
                  on_line: Callable[[str], None], grace_s: float = 10.0,
-                 on_exit: Callable[[], None] | None = None):
+                 on_exit: Callable[[], None] | None = None, settle: Callable[[], None] | None = None):
         self.argv = argv
         self.env = {**env, LAUNCH_ID_VAR: launch_id}
         self.cwd = cwd
@@ -74,6 +75,7 @@ class ManagedProcess:
         self.grace_s = grace_s
         self._on_line = on_line
         self._on_exit = on_exit  # called once the command has ended and every line was handed to on_line
+        self._settle = settle  # called after the command has exited, before it counts as ended (GPU memory freed)
         self._proc: subprocess.Popen | None = None
         self._reaper: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
@@ -102,6 +104,7 @@ class ManagedProcess:
         )
         self._reader = threading.Thread(target=self._read, name="a4ray-output", daemon=True)
         self._reader.start()
+        threading.Thread(target=self._watch, name="a4ray-exit", daemon=True).start()
 
     def _read(self) -> None:
         assert self._proc and self._proc.stdout
@@ -115,9 +118,21 @@ class ManagedProcess:
                     self._on_line(line.decode(errors="replace"))
         if pending:
             self._on_line(pending.decode(errors="replace"))
+
+    def _watch(self) -> None:
+        """The command's end is its pid's exit, not the end of its output: a descendant that inherited the pipe
+        (a daemon it forked) holds it open for as long as it lives. Once the command has exited, what it left
+        behind is stopped (the reaper), then the output still in the pipe is drained, with a deadline."""
+        assert self._proc is not None
         self.returncode = self._proc.wait()
         self.ended_at = time.time()
         self._release_reaper()  # leftovers of a finished command (daemons it forked) are killed too
+        assert self._reader is not None
+        self._reader.join(DRAIN_S)
+        if self._reader.is_alive():  # a pipe held by something the reaper has not ended yet
+            self._reader.join(self.grace_s + DRAIN_S)
+        if self._settle is not None:
+            self._settle()
         self._done.set()
         if self._on_exit is not None:
             self._on_exit()
@@ -145,9 +160,9 @@ class ManagedProcess:
         # The process group is the launch's only while its leader is unreaped: once the command has ended and
         # been waited for, the number may come round again (pids wrap, at 32768 by default) as some other
         # process's group, a Ray worker's say. What the command left behind still carries the launch id.
-        pgid = self._proc.pid if self.stopped else None
+        pgid = self._proc.pid if self._proc.returncode is None else None
         terminate_launch(pgid, self.launch_id, self.grace_s if grace_s is None else grace_s)
-        self.wait(timeout=10)
+        self.wait(timeout=self.grace_s + 75)  # bounded: the drain's deadlines and the node's GPU wait
         self._release_reaper()
         return self.returncode
 

@@ -6,11 +6,24 @@ What is left is to start this node's `nproc` rank processes with the environment
 workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ... : `init_process_group()` and every torchrun
 script read it unchanged), tag their lines as `torchrun --tee` does, and end the node at the first
 failure. The agent costs every node a `torch` import and a rendezvous round per launch (~2 CPU-seconds,
-benchmarks/launch.py); this launcher is stdlib only. `cluster.launcher: torchrun` runs torchrun instead.
+benchmarks/launch.py); this launcher imports only the stdlib and psutil. `cluster.launcher: torchrun` runs torchrun instead.
 
-Rank 0 hosts the TCPStore on MASTER_PORT (env:// without an agent store). When a rank fails, the others
-get SIGTERM, then SIGKILL after the grace period, and the first failure is reported in torchrun's
-"Root Cause" form, so the gang names the rank either way.
+The process is the truth, output is only output:
+  * A rank's end is its pid's exit, seen by polling every 0.1 s (torchrun's `monitor_interval`), never the
+    end of its output: a rank's descendant (megatron-core's checkpoint worker, Triton's compile workers, a
+    data loader) inherits its stdout and holds the pipe open after the rank is gone. The exit is observed
+    without reaping (`waitid(WNOWAIT)`), so the dead rank's pid, and with it its process group's number,
+    stays reserved until the node has stopped everything.
+  * Each rank runs in its own session. Stopping the node signals every rank's group, the dead rank's too
+    (torchrun signals only ranks still alive, pytorch/pytorch#110065), and every descendant of this
+    launcher: it is a child subreaper (PR_SET_CHILD_SUBREAPER), so what a rank double-forked out of its
+    group with `setsid` comes back to it as an orphan. SIGTERM, then SIGKILL after the grace period.
+  * The first failure is reported at once, in torchrun's "Root Cause" form (the gang names the rank either
+    way, and stops every node on it), with what the kernel says about a SIGKILL (its OOM killer's count in
+    the cgroup's memory.events); then the node stops its other ranks. Output still in a pipe is drained
+    with a deadline: a pipe held by something already killed must not hold the node.
+
+Rank 0 hosts the TCPStore on MASTER_PORT (env:// without an agent store).
 
 Usage (built by a4ray.workloads.torchrun, never by hand):
     python -m a4ray.runtime.ranks --nnodes N --node-rank R --nproc P --master-addr A --master-port M
@@ -20,14 +33,22 @@ Usage (built by a4ray.workloads.torchrun, never by hand):
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+
+import psutil
 
 ROLE = "default"  # torchrun's role name: its --tee prefix is "[default<local rank>]:"
+MONITOR_INTERVAL_S = 0.1  # torchrun's default monitor_interval
+DRAIN_S = 2.0  # how long output left in a pipe may hold the node once its processes are gone
+FAILURE_HEADER = "a4ray.runtime.ranks: a rank failed; the node's other ranks are being stopped"
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def global_rank(args: argparse.Namespace, local_rank: int) -> int:
@@ -53,28 +74,107 @@ def rank_env(args: argparse.Namespace, local_rank: int, base: dict[str, str]) ->
     return env
 
 
+def exit_status(pid: int) -> int | None:
+    """The exit code of child `pid` if it has ended (negative: the signal that killed it), else None. The
+    child is left unreaped, so its pid (and its process group's number) cannot name another process yet."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None or info.si_pid == 0:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants (a rank's `setsid` double-fork) this process's children, so that stopping
+    the node reaches them. Linux >= 3.4; False where it cannot."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class OomKills:
+    """The kernel's OOM-kill count of this node's cgroup (cgroup v2 memory.events), to tell its SIGKILL from another."""
+
+    def __init__(self) -> None:
+        self.path = self._events_file()
+        self.start = self.count()
+
+    @staticmethod
+    def _events_file() -> Path | None:
+        try:
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                if line.startswith("0::"):
+                    path = Path("/sys/fs/cgroup") / line[3:].lstrip("/") / "memory.events"
+                    return path if path.is_file() else None
+        except OSError:
+            pass
+        return None
+
+    def count(self) -> int | None:
+        if self.path is None:
+            return None
+        try:
+            for line in self.path.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return None
+
+    def why(self, code: int) -> str | None:
+        """Why a rank got SIGKILL, where the kernel says so."""
+        if code != -signal.SIGKILL:
+            return None
+        now = self.count()
+        if now is not None and self.start is not None and now > self.start:
+            return f"the kernel's OOM killer (oom_kill {self.start} -> {now} in {self.path})"
+        return None
+
+
+class Rank:
+    """One rank process: its pid, its exit as seen from the pid, and the thread relaying its lines."""
+
+    def __init__(self, local_rank: int, proc: subprocess.Popen, relay: threading.Thread):
+        self.local_rank, self.proc, self.relay = local_rank, proc, relay
+        self.code: int | None = None  # set once its pid has exited
+        self.ended_at: float | None = None
+
+    def check(self) -> bool:
+        """True the first time the rank is seen to have ended."""
+        if self.code is not None:
+            return False
+        code = exit_status(self.proc.pid)
+        if code is None:
+            return False
+        self.code, self.ended_at = code, time.time()
+        return True
+
+
 class Node:
     """This node's rank processes, their tagged output and the first failure among them."""
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
-        self.procs: list[subprocess.Popen] = []
-        self.readers: list[threading.Thread] = []
+        self.ranks: list[Rank] = []
         self.out_lock = threading.Lock()
-        self.ended = threading.Condition()
-        self.first_failure: tuple[int, int, float] | None = None  # (local rank, exit code, when)
+        self.first_failure: Rank | None = None
         self.stopping = False
+        self.subreaper = become_subreaper()
+        self.oom = OomKills()
 
     def start(self) -> None:
         argv = [sys.executable, "-u", *self.args.target]
         base = dict(os.environ)
         for local_rank in range(self.args.nproc):
             proc = subprocess.Popen(argv, env=rank_env(self.args, local_rank, base), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            self.procs.append(proc)
-            reader = threading.Thread(target=self._relay, args=(local_rank, proc), daemon=True)
-            reader.start()
-            self.readers.append(reader)
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            relay = threading.Thread(target=self._relay, args=(local_rank, proc), daemon=True)
+            relay.start()
+            self.ranks.append(Rank(local_rank, proc, relay))
 
     def _relay(self, local_rank: int, proc: subprocess.Popen) -> None:
         prefix = f"[{ROLE}{local_rank}]:".encode()
@@ -84,53 +184,105 @@ class Node:
             with self.out_lock:
                 out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
                 out.flush()
-        code = proc.wait()
-        with self.ended:
-            if code != 0 and self.first_failure is None and not self.stopping:
-                self.first_failure = (local_rank, code, time.time())
-            self.ended.notify_all()
 
     def wait(self) -> int:
-        """Block until every rank has ended (stopping the rest at the first failure); the node's exit code."""
-        with self.ended:
-            while any(p.poll() is None for p in self.procs) and self.first_failure is None and not self.stopping:
-                self.ended.wait(0.2)
-        if any(p.poll() is None for p in self.procs):
-            self.stop()
-        for reader in self.readers:
-            reader.join()
-        if self.first_failure is None:
-            return 0 if not self.stopping else 128 + signal.SIGTERM
-        local_rank, code, when = self.first_failure
-        self._report(local_rank, code, when)
-        return code if code > 0 else 128 - code
+        """Watch the ranks' pids until every rank has ended, the first fails, or the node is told to stop; then
+        stop every process of the node. Returns the node's exit code."""
+        while not self.stopping:
+            for rank in self.ranks:
+                if rank.check() and rank.code != 0 and self.first_failure is None:
+                    self.first_failure = rank
+            if self.first_failure is not None or all(r.code is not None for r in self.ranks):
+                break
+            self._reap_orphans()
+            time.sleep(MONITOR_INTERVAL_S)
+        if self.first_failure is not None:
+            self.first_failure.relay.join(0.2)  # its last lines, if nothing else holds its pipe
+            self._report(self.first_failure)
+        self.stop()
+        for rank in self.ranks:
+            rank.proc.wait()  # reaped only now: until here their numbers named only their own groups
+            rank.check()
+        self._reap_orphans()
+        deadline = time.monotonic() + DRAIN_S
+        for rank in self.ranks:
+            rank.relay.join(max(0.0, deadline - time.monotonic()))
+        if self.first_failure is not None:
+            code = self.first_failure.code or 1
+            return code if code > 0 else 128 - code
+        return 128 + signal.SIGTERM if self.stopping else 0
+
+    def _processes(self) -> list[int]:
+        """Every live process of this node's launch: the ranks' groups (a dead rank's too: its unreaped pid
+        holds the number) and every descendant of this launcher (orphans come back to it as its children)."""
+        pids: set[int] = set()
+        groups = {rank.proc.pid for rank in self.ranks}
+        for proc in psutil.process_iter(["pid", "status"]):
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                continue
+            try:
+                if os.getpgid(proc.pid) in groups:
+                    pids.add(proc.pid)
+            except OSError:
+                continue
+        try:
+            pids.update(p.pid for p in psutil.Process().children(recursive=True)
+                        if p.status() != psutil.STATUS_ZOMBIE)
+        except psutil.Error:
+            pass
+        return sorted(pids)
 
     def stop(self) -> None:
-        """SIGTERM every rank still running, SIGKILL what is left after the grace period."""
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+        """SIGTERM every process of the node, SIGKILL what is left after the grace period."""
         deadline = time.monotonic() + self.args.grace_s
-        for proc in self.procs:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for rank in self.ranks:  # whole groups first: their members may be forking
+                try:
+                    os.killpg(rank.proc.pid, sig)
+                except OSError:
+                    pass
+            for pid in self._processes():
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            while (left := self._processes()) and time.monotonic() < deadline:
+                self._reap_orphans()
+                time.sleep(0.05)
+            if not left:
+                return
+            deadline = time.monotonic() + 5  # after SIGKILL: the kernel's time to tear them down
+
+    def _reap_orphans(self) -> None:
+        """Reap ended descendants that were reparented here (never a rank: those are reaped by `wait`)."""
+        ranks = {rank.proc.pid for rank in self.ranks}
+        try:
+            children = psutil.Process().children()
+        except psutil.Error:
+            return
+        for child in children:
+            if child.pid in ranks:
+                continue
             try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                os.waitpid(child.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
 
     def on_signal(self, signum, _frame) -> None:
         self.stopping = True  # the wait loop sees it within its poll interval; no lock in a handler
 
-    def _report(self, local_rank: int, code: int, when: float) -> None:
-        rank = global_rank(self.args, local_rank)
+    def _report(self, rank: Rank) -> None:
+        code = rank.code or 0
         detail = f"exitcode  : {code}" + (f" (pid terminated by {signal.Signals(-code).name})" if code < 0 else "")
+        cause = self.oom.why(code)
+        when = rank.ended_at or time.time()
         with self.out_lock:
-            print("a4ray.runtime.ranks: a rank failed; the node's other ranks were stopped\n"
+            print(f"{FAILURE_HEADER}\n"
                   "Root Cause (first observed failure):\n"
                   f"  time      : {time.strftime('%Y-%m-%d_%H:%M:%S', time.localtime(when))}\n"
                   f"  host      : {os.uname().nodename}\n"
-                  f"  rank      : {rank} (local_rank: {local_rank})\n"
-                  f"  {detail}", flush=True)
+                  f"  rank      : {global_rank(self.args, rank.local_rank)} (local_rank: {rank.local_rank})\n"
+                  f"  {detail}" + (f"\n  cause     : {cause}" if cause else ""), flush=True)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

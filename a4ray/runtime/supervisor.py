@@ -29,6 +29,7 @@ from a4ray.observe.verdicts import HangVerdict, NodeRef, Straggler
 from a4ray.runtime.deaths import ACTOR_GONE, why_died
 from a4ray.runtime.launch import Launch
 from a4ray.runtime.node_actor import Line, Poll
+from a4ray.runtime.ranks import FAILURE_HEADER
 from a4ray.spec.resilience import ObserveSpec
 
 LAST_LINES = 20
@@ -194,18 +195,17 @@ class Supervisor:
                     self._emit(rank, poll)
                     if not poll.running:
                         self.ended.add(rank)
+                    if poll.running and self._rank_failed(rank):
+                        # The node's launcher reports a dead rank the moment it sees it, then stops the node's
+                        # other ranks; the gang stops now, not when that node has: its peers on other nodes
+                        # are blocked in a collective with the dead rank and, on NCCL, never fail by themselves.
+                        self._node_failed(rank, "reported it", sorted(set(pending.values())))
+                        return self._finish()
                     if poll.running:
                         pending[self.actors[rank].poll.remote(poll.cursor, POLL_WAIT_S)] = rank
                     elif poll.exit_code not in (0, None):
-                        failed = (f"node {self.members[rank]} ({self.wheres[rank]}) exited with code "
-                                  f"{poll.exit_code}{signal_name(poll.exit_code)}")
-                        lost = self._lost_among(sorted(set(pending.values())))
-                        if lost is None:
-                            self._fail(rank, "failed", failed)
-                        else:  # the failure was the echo of a lost peer (a collective's peer vanished)
-                            lost_rank, why = lost
-                            self._fail(lost_rank, "lost", self._lost(lost_rank, f"its node actor is gone (Ray: {why}); "
-                                                                                f"{failed} after it"))
+                        self._node_failed(rank, f"exited with code {poll.exit_code}{signal_name(poll.exit_code)}",
+                                          sorted(set(pending.values())))
                         return self._finish()
                 why = self.watchdog.why(out.last_iteration) if pending else None
                 if why:
@@ -222,6 +222,24 @@ class Supervisor:
             self.stop([self.members[rank] for rank in pending.values()])
         return out
 
+    def _rank_failed(self, rank: int) -> bool:
+        """Whether node `rank`'s launcher has reported a failed rank (a4ray's launcher does as it sees it)."""
+        tail = self.outcome.tails.get(rank, [])
+        return bool(self.nproc[rank]) and any(line.startswith(FAILURE_HEADER) for line in tail) \
+            and root_cause(tail) is not None
+
+    def _node_failed(self, rank: int, how: str, peers: list[int]) -> None:
+        """Node `rank` failed (`how`: "exited with code 1"); unless a lost peer explains it, it is the launch's
+        failure."""
+        failed = f"node {self.members[rank]} ({self.wheres[rank]}) {how}"
+        lost = self._lost_among([p for p in peers if p != rank])
+        if lost is None:
+            self._fail(rank, "failed", failed, how)
+        else:  # the failure was the echo of a lost peer (a collective's peer vanished)
+            lost_rank, why = lost
+            self._fail(lost_rank, "lost", self._lost(lost_rank, f"its node actor is gone (Ray: {why}); "
+                                                                f"{failed} after it"))
+
     def _lost_among(self, ranks: list[int]) -> tuple[int, str] | None:
         """The first of `ranks` whose node actor is gone, with Ray's word on why. When a node dies, its peers'
         collectives fail within milliseconds, often before Ray reports the node: the lost node is the root cause."""
@@ -237,18 +255,21 @@ class Supervisor:
     def _lost(self, rank: int, why: str) -> str:
         return f"node {self.members[rank]} ({self.wheres[rank]}) was lost: {why}"
 
-    def _fail(self, rank: int, kind: str, message: str) -> None:
+    def _fail(self, rank: int, kind: str, message: str, how: str = "") -> None:
         out = self.outcome
         out.kind = kind  # type: ignore[assignment]
         out.failed_node = rank
         if kind == "lost":
             out.lost.add(rank)
         tail = out.tails.get(rank, [])
-        cause = root_cause(tail) if self.nproc[rank] else None
-        if cause and (rank, cause[1]) in self.rank_tails:
+        cause = root_cause(tail) if self.nproc[rank] and kind == "failed" else None
+        if cause:
             global_rank, local_rank, code = cause
-            message += f": rank {global_rank} (local rank {local_rank}) failed first, with exit code {code}"
-            tail = self.rank_tails[(rank, local_rank)]
+            ended = signal_name(code).strip(" ()").replace("killed by", "was killed by") or f"exited with code {code}"
+            why = root_cause_detail(tail)
+            message = (f"rank {global_rank} (local rank {local_rank}) on {self.nodes[rank].describe()} {ended}"
+                       f"{'; ' + why if why else ''}; the gang was stopped (node {self.members[rank]} {how})")
+            tail = self.rank_tails.get((rank, local_rank), [])
             message += f"; last lines of rank {global_rank}"
         else:
             message += "; last lines"
@@ -297,6 +318,7 @@ class Supervisor:
 
 _ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _ROOT_CAUSE_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_ROOT_CAUSE_WHY = re.compile(r"^\s*cause\s*:\s*(.+)$")
 
 
 def root_cause(lines: list[str]) -> tuple[int, int, int] | None:
@@ -313,6 +335,18 @@ def root_cause(lines: list[str]) -> tuple[int, int, int] | None:
         elif code is None and (m := _ROOT_CAUSE_CODE.match(line)):
             code = int(m.group(1))
     return (*rank, code) if rank and code is not None else None
+
+
+def root_cause_detail(lines: list[str]) -> str | None:
+    """What the node knows of why the first failed rank ended (a4ray's launcher: the kernel's OOM killer)."""
+    try:
+        start = max(i for i, line in enumerate(lines) if "Root Cause" in line)
+    except ValueError:
+        return None
+    for line in lines[start:]:
+        if m := _ROOT_CAUSE_WHY.match(line):
+            return m.group(1)
+    return None
 
 
 def signal_name(code: int) -> str:
