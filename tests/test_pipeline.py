@@ -4,9 +4,9 @@ One run in its own embedded cluster of 2 simulated nodes, every step for real: s
 real staging code; Qwen3-Next-tiny converted natively (verified by its exact round trip and by its logits
 against transformers' model); the doctor; and the Megatron trainer training Qwen3-Next-tiny itself
 (megatron-core GPTModel on its local layers, gated DeltaNet on mcore's torch reference, expert parallelism
-across the two nodes, GPTDataset over the staged .bin/.idx) from the converted checkpoint, with one rank killed after
-the first checkpoint: the restart policy relaunches the gang, training resumes at the next iteration from
-the newest checkpoint, the loss falls, every saved checkpoint loads back through megatron-core equal to
+across the two nodes, GPTDataset over the staged .bin/.idx) from the converted checkpoint, with one rank killed while
+a checkpoint is being written: the restart policy relaunches the gang, training resumes from the newest
+complete checkpoint (the partial one is named and skipped), the loss falls, every saved checkpoint loads back through megatron-core equal to
 what was saved, and the A4 plan is printed. Then, on the session cluster, the same spec again: every step
 but the preflight is cached; and `--skip` of a step whose outputs are missing fails naming them.
 """
@@ -36,28 +36,36 @@ _CHECK_SAVE = re.compile(r"check-save (iter_\d+): loaded back through megatron-c
                          r"optimizer state tensors equal (\d+)/(\d+)")
 
 
-def _kill_a_rank_after_first_checkpoint(save: Path, killed: list, stop: threading.Event) -> None:
-    """SIGKILL the trainer process of rank 1 once iteration 10's checkpoint exists (a crashed GPU, say)."""
+def _kill_a_rank_while_a_checkpoint_is_written(save: Path, killed: list, stop: threading.Event) -> None:
+    """SIGKILL the trainer process of rank 1 (a crashed GPU, say) while a checkpoint after iteration 10's is being
+    written: once a save's `.iter_NNNNNNN.tmp` directory appears. Rank 1 is found once iteration 10's is complete,
+    so the kill lands within milliseconds of the save's start."""
+    victim = None
     while not stop.is_set():
-        if (save / "iter_0000010").is_dir():
+        if victim is None and (save / "iter_0000010" / "metadata.json").is_file():
             for proc in psutil.process_iter(["pid", "cmdline"]):
                 cmd = " ".join(proc.info["cmdline"] or [])
                 if "a4ray.mcore" in cmd and str(save) in cmd and "a4ray.runtime.ranks" not in cmd:
                     try:
                         if proc.environ().get("RANK") == "1":
-                            proc.kill()
-                            killed.append(proc.pid)
-                            return
+                            victim = proc
                     except psutil.Error:
                         continue
-        time.sleep(0.05)
+        if victim is not None and (writing := [p.name for p in save.glob(".iter_*.tmp")]):
+            try:
+                victim.kill()
+            except psutil.Error:
+                return
+            killed.append((victim.pid, writing[0]))
+            return
+        time.sleep(0.005)
 
 
 def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_cluster, monkeypatch, capsys):
     save = tmp_path / ".a4ray" / "logs" / "output_megatron_qwen3_next_pretrain" / "checkpoint"
-    killed: list[int] = []
+    killed: list[tuple[int, str]] = []
     stop = threading.Event()
-    killer = threading.Thread(target=_kill_a_rank_after_first_checkpoint, args=(save, killed, stop), daemon=True)
+    killer = threading.Thread(target=_kill_a_rank_while_a_checkpoint_is_written, args=(save, killed, stop), daemon=True)
     killer.start()
     cmd = [PYTHON, "-m", "a4ray.qwen3_next", "--set", "restart.max_restarts=1", "--set", "restart.backoff_s=1",
            "--set", "train.megatron.check_save=true", "--result", "r1.json"]
@@ -96,8 +104,14 @@ def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_clu
     # The killed rank failed the gang; the restart relaunched it and the trainer resumed from a checkpoint.
     train = steps["train"]["result"]
     assert "attempt 1/1: relaunching on a new gang; the trainer resumes from checkpoint iteration" in out
+    # Killed while writing a checkpoint: the partial one is never loaded, the run says so and resumes from the one
+    # before it.
+    [(_, writing)] = killed
+    partial = int(writing.removeprefix(".iter_").removesuffix(".tmp"))
     resumed = train["start_iteration"]
-    assert resumed in (10, 20) and f"a4ray.mcore: resuming from checkpoint iteration {resumed}" in out
+    assert resumed == partial - 10 and f"a4ray.mcore: resuming from checkpoint iteration {resumed}" in out
+    assert (f"a4ray.mcore: not loading checkpoint iteration {partial}: {writing}: its save did not finish (a rank "
+            f"died while writing it); the newest complete one is iteration {resumed}") in out, killed
     assert train["iterations"] == 30 and train["world_size"] == 2 and train["backend"] == "gloo"
     run_dir = Path(result["run_dir"])
     lines = [m.groups() for log in sorted((run_dir / "logs" / "train").glob("rank-*.log"))
@@ -169,7 +183,8 @@ def _stream_says_each_thing_once(out: str, run_dir: Path) -> None:
     assert "library warnings: " in out and "every copy is in the rank logs" in out
     assert "A4RAY_RESULT" not in out and "NameError" not in out and "Error: name" not in out
     assert not [line for line in lines if line.startswith("[n") and _ITERATION.search(line)]
-    assert sum(line.startswith("a4ray: progress: iteration") for line in lines) <= 3 + 2  # one per 10, per attempt
+    # One per 10 iterations and a launch's first and last, per attempt (1..20 then 11..30: 1, 11, 20; 11, 21, 30).
+    assert sum(line.startswith("a4ray: progress: iteration") for line in lines) <= 3 + 3
     assert not [line for line in lines if re.match(r"a4ray: \[n\d+\] env", line)]
     assert "NCCL_DEBUG=INFO" in out and "[nccl_test]" not in out and "preflight all-reduce: NCCL_DEBUG=INFO" in out
     assert "downloading" not in out  # every source is a local directory: copied, not downloaded
