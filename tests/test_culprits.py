@@ -24,6 +24,7 @@ from a4ray.cli import main as cli_main
 from a4ray.core.errors import GangHang
 from a4ray.core.node_history import NodeHistory
 from a4ray.driver.execute import run
+from a4ray.observe.stacks import StackDump, dump, where
 from a4ray.observe.verdicts import HangVerdict
 from a4ray.runtime.gang import Gang
 from a4ray.staging.standins import make_all
@@ -74,52 +75,118 @@ def test_a_hang_in_a_users_program_names_the_rank_from_the_stacks(local_cluster,
     assert [c.rank for c in verdict.culprits] == [3] and verdict.culprits[0].node.node == 1, verdict
     assert verdict.culprits[0].where == "load_batch (stuck.py:8)"
     assert verdict.collective is None and verdict.waiting == [0, 1, 2]
-    assert verdict.evidence[0].startswith("stacks of rank(s) 0-3 (no flight record: no flight-record server")
+    assert verdict.evidence[0] == ("stacks of rank(s) 0-3 (no flight record: no pipe (no NCCL debug pipe: process "
+                                   "group 0's heartbeat thread makes one in an NCCL rank with TORCH_FR_BUFFER_SIZE > 0 "
+                                   "(here 2000); no server (no a4ray flight-record server: not an a4ray program)))")
     assert re.search(r"culprit: rank 3 on node 1 \(\S+, 127\.0\.\d+\.\d+", message), message
 
 
-def test_a_hang_names_the_rank_that_never_joined_and_the_retry_keeps_off_its_node(local_cluster, tmp_path, capfd):
-    """a4ray's rank programs serve their flight record: attempt 0 hangs with rank 3 (node 1) outside the 4th
-    all-reduce; the verdict rests on the records and names collective #4; the restart decision takes it, and
-    attempt 1 runs on nodes other than the culprit's."""
+# a4ray's flight-record server on every rank. In attempt 0, rank 3 (node 1's second rank) never enters the 4th
+# all-reduce, and the ranks in FREEZE stop themselves (SIGSTOP) a second after reaching it (rank 1: inside it;
+# rank 3: asleep before it), so that they cannot answer; later attempts run through.
+STUCK_AND_FROZEN = """
+import os, signal, threading, time, torch, torch.distributed as dist
+from a4ray.programs.distributed import init_distributed, exit_distributed
+init_distributed('gloo')
+rank = dist.get_rank()
+first = os.environ['A4RAY_ATTEMPT'] == '0'
+freeze = rank in {freeze} and first
+
+
+def stop_soon():
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+
+
+def load_batch(it):
+    if rank == 3 and it == 4 and first:
+        if freeze:
+            stop_soon()
+        time.sleep(3600)
+    return torch.ones(4)
+
+
+for it in range(1, 8):
+    batch = load_batch(it)
+    if it == 4 and freeze and rank != 3:
+        stop_soon()
+    dist.all_reduce(batch)
+    if rank == 0:
+        print(f" iteration {{it:8d}}/       7 | elapsed time per iteration (ms): 100.0 | lm loss: 1.0 |", flush=True)
+exit_distributed(0)
+"""
+
+
+def _hang_with_frozen_ranks(tmp_path: Path, freeze: list[int], *sets: str):
+    """2 nodes x 2 ranks, attempt 0 hung as STUCK_AND_FROZEN says, one restart allowed: the run, its verdict and
+    what it printed."""
     script = tmp_path / "stuck.py"
-    script.write_text(STUCK_AT_4TH.format(init=A4RAY_INIT).replace("if rank == 3 and it == 4:",
-                                                                   "if rank == 3 and it == 4 and os.environ['A4RAY_ATTEMPT'] == '0':")
-                      .replace("range(1, 100)", "range(1, 8)")
-                      + "from a4ray.programs.distributed import exit_distributed\nexit_distributed(0)\n")
+    script.write_text(STUCK_AND_FROZEN.format(freeze=set(freeze)))
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", f"command.argv=[{script}]",
                "command.torchrun=true", "observe.watchdog.no_progress_s=4", "restart.max_restarts=1",
-               "restart.backoff_s=0", workspace=tmp_path)
+               "restart.backoff_s=0", "cluster.stop_grace_s=1", *sets, workspace=tmp_path)
     result = run(spec)
-    out = capfd.readouterr().out
     assert result.ok and result.gang.attempt == 1, result.verdict
     run_dir = Path(result.gang.log_dir).parent
-    verdict = HangVerdict.model_validate_json((run_dir / "hang" / "verdict.json").read_text())
-    assert [c.rank for c in verdict.culprits] == [3], verdict
+    return result, run_dir, HangVerdict.model_validate_json((run_dir / "hang" / "verdict.json").read_text())
+
+
+def test_a_hang_names_the_rank_that_never_joined_and_the_retry_keeps_off_its_node(local_cluster, tmp_path, capfd):
+    """Attempt 0 hangs with rank 3 (node 1) outside the 4th all-reduce, and rank 1 (node 0), which entered it,
+    frozen so that it cannot answer. The verdict names rank 3 on its own record and not rank 1 (its silence, and
+    its stack frozen inside the collective, are no evidence); the restart decision takes it, attempt 1 runs on
+    nodes other than rank 3's, and the node history blames rank 3's host only."""
+    result, run_dir, verdict = _hang_with_frozen_ranks(tmp_path, [1])
+    out = capfd.readouterr().out
+    assert [c.rank for c in verdict.culprits] == [3] and not verdict.undetermined, verdict
+    assert verdict.culprits[0].why == "its flight record stops before #4"
     culprit = verdict.culprits[0].node
     labelled = next(n for n in ray.nodes() if n["Alive"] and n["Labels"].get(HOST_LABEL) == culprit.host)
     assert culprit.node == 1 and culprit.ip == labelled["NodeManagerAddress"]
     assert verdict.collective.seq == 4 and verdict.collective.op == "gloo:all_reduce"
-    assert verdict.collective.input_sizes == [[4]] and verdict.waiting == [0, 1, 2]
-    assert verdict.evidence[0].startswith("flight recorder of rank(s) 0-3")
-    # Every rank's record is in the run's logs; the one that never joined stopped at #3.
-    records = {r: json.loads((run_dir / "logs" / "flight-recorder" / f"rank_{r}.json").read_text()) for r in range(4)}
+    assert verdict.collective.input_sizes == [[4]] and verdict.waiting == [0, 2]
+    assert verdict.evidence[0] == "flight recorder of rank(s) 0, 2-3"
+    assert "rank(s) 1 not judged: no evidence either way (timed out)" in verdict.note
+    assert verdict.ras.startswith("NCCL RAS not heard: RAS not listening on localhost:28028 (NCCL < 2.24")
+    # Every rank that could answer is in the run's logs; the one that never joined stopped at #3.
+    records = {r: json.loads((run_dir / "logs" / "flight-recorder" / f"rank_{r}.json").read_text()) for r in (0, 2, 3)}
     assert max(e["collective_seq_id"] for e in records[3]["entries"]) == 3
     host = culprit.host
     assert re.search(rf"the launch hung: .*culprit: rank 3 on node 1 \({host}, {culprit.ip}, \S+\) "
-                     r"\[load_batch \(stuck.py:9\)\] never joined gloo:all_reduce #4 of process group default, "
-                     r"sizes \[\[4\]\] that ranks 0-2 wait in", out), out
+                     r"\[load_batch \(stuck.py:\d+\)\] never joined gloo:all_reduce #4 of process group default, "
+                     r"sizes \[\[4\]\] that ranks 0, 2 wait in", out), out
     # The restart decision and the next gang's placement take the verdict; the node history keeps it.
     assert re.search(rf"restarting in 0s: the launch hung on rank 3 \({host}\)", out), out
+    assert re.findall(r"keeping off (\S+) \(", out) == [host], out
     assert re.search(rf"keeping off {host} \({host}: rank 3 on node 1 never joined gloo:all_reduce #4 of process "
                      r"group default", out), out
     assert host not in {n.host for n in result.gang.nodes}
-    assert [e.event for e in NodeHistory(tmp_path).events(host)] == ["hang-culprit"]
+    assert {h: [e.event for e in events] for h, events in NodeHistory(tmp_path).hosts().items()} == \
+        {host: ["hang-culprit"]}
     deadline, counted = time.monotonic() + 60, []
     while time.monotonic() < deadline and not counted:
         counted = scrape(rf'^ray_a4ray_hang_culprit_total\{{.*run="{run_dir.name}"')
         time.sleep(1)
     assert len(counted) == 1 and 'node="1"' in counted[0] and f'host="{host}"' in counted[0], counted
+
+
+def test_a_hang_no_evidence_decides_is_undetermined_and_blames_no_node(local_cluster, tmp_path, capfd):
+    """The same hang with rank 3 frozen too and no stacks taken: ranks 0 and 2 wait in #4, and neither rank 1 nor
+    rank 3 can answer. Nothing says which never joined: the verdict is undetermined, names no one and lists both
+    with why; the restart keeps off no node and the node history blames no host."""
+    result, run_dir, verdict = _hang_with_frozen_ranks(tmp_path, [1, 3], "observe.watchdog.py_spy=false")
+    out = capfd.readouterr().out
+    assert verdict.undetermined and verdict.culprits == [] and verdict.waiting == [0, 2], verdict
+    assert [(c.rank, c.node.node) for c in verdict.candidates] == [(1, 0), (3, 1)]
+    for candidate in verdict.candidates:
+        assert candidate.why == ("no flight record: timed out (its flight-record server did not answer in 10s); "
+                                 "no stack"), candidate
+    assert verdict.evidence == ["flight recorder of rank(s) 0, 2"]
+    assert re.search(r"hang verdict: undetermined: ranks 0, 2 wait in gloo:all_reduce #4 of process group default"
+                     r".* no culprit named .*candidates: rank 1 on node 0 \(\S+\): no flight record: timed out", out)
+    assert "restarting in 0s: the launch hung (undetermined: " in out
+    assert "keeping off" not in out and NodeHistory(tmp_path).hosts() == {}
+    assert sorted(p.name for p in (run_dir / "logs" / "flight-recorder").glob("rank_*.json")) == \
+        ["rank_0.json", "rank_2.json"]
 
 
 # Attempt 0 runs until its node is killed; a later attempt finishes. Each rank says where it ran.
@@ -345,9 +412,10 @@ def test_a_node_made_slower_is_flagged_a_straggler_and_an_even_gang_flags_none(l
 def test_a_wedged_rank_of_the_megatron_trainer_is_named_from_the_others_records_and_its_stack(local_cluster,
                                                                                                tmp_path, standins):
     """a4ray's Megatron trainer on 2 nodes; node 1's rank is stopped (SIGSTOP: a rank too wedged to answer) after
-    iteration 3. Rank 0's flight record shows the collective it waits in; rank 1 answers no record, and its stack
-    shows it stopped: the verdict names rank 1, its node and host, and the collective's sequence number; the node
-    history records the culprit."""
+    iteration 3, outside any collective (a stop that lands inside one is undone and tried again: a rank frozen in
+    a collective it entered is no evidence against it). Rank 0's flight record shows the collective it waits in;
+    rank 1 answers no record, and its stack shows it stopped outside: the verdict names rank 1, its node and host,
+    and the collective's sequence number; the node history records the culprit."""
     save = tmp_path / "save"
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "command.torchrun=true", "command.argv=[x]",
                "observe.watchdog.no_progress_s=5", workspace=tmp_path)
@@ -369,7 +437,13 @@ def test_a_wedged_rank_of_the_megatron_trainer_is_named_from_the_others_records_
             with contextlib.suppress(psutil.Error):
                 cmd = " ".join(proc.info["cmdline"] or [])
                 if str(save) in cmd and "a4ray.runtime.ranks" not in cmd and proc.environ().get("RANK") == "1":
-                    proc.suspend()
+                    for _ in range(50):
+                        proc.suspend()
+                        text, _error = dump(proc.pid, stopped=True)
+                        if not StackDump(rank="1", node=1, pid=proc.pid, where=where(text)).in_collective:
+                            break
+                        proc.resume()
+                        time.sleep(0.05)
                     stopped.append(proc)
 
     stopper = threading.Thread(target=stop_node_1_after_iteration_3, daemon=True)

@@ -128,8 +128,8 @@ def collect(ranks: dict[int, int], expected: list[int], env: dict[str, str], soc
         if os.path.exists(path):
             served[rank] = pool.submit(fetch_json, path, timeout_s)
         else:
-            failed[rank].append(NoRecord(reason="no server", detail="no a4ray flight-record server (not an a4ray "
-                                         "program)"))
+            failed[rank].append(NoRecord(reason="no server", detail="no a4ray flight-record server: not an a4ray "
+                                         "program"))
     deadline = time.monotonic() + timeout_s
     try:
         while True:
@@ -182,8 +182,8 @@ def _write_pipe(stem: str, rank: int, env: dict[str, str]) -> NoRecord | None:
     pipe = Path(f"{stem}{rank}.pipe")
     if not pipe.exists():
         size = env.get("TORCH_FR_BUFFER_SIZE") or env.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or "0"
-        return NoRecord(reason="no pipe", detail=f"no {pipe.name} (process group 0's heartbeat thread makes it "
-                        f"in an NCCL rank, with TORCH_FR_BUFFER_SIZE > 0; here {size})")
+        return NoRecord(reason="no pipe", detail=f"no NCCL debug pipe: process group 0's heartbeat thread makes "
+                        f"one in an NCCL rank with TORCH_FR_BUFFER_SIZE > 0 (here {size})")
     try:
         fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
         try:
@@ -226,7 +226,9 @@ def _why(reasons: list[NoRecord]) -> NoRecord:
     if not reasons:
         return NoRecord(reason="no answer from its node")
     first = reasons[0]
-    rest = [r.line() for r in reasons[1:] if r.reason != first.reason or r.detail != first.detail]
+    # A channel the rank does not have (a gloo rank's NCCL pipe) says nothing beside one that failed.
+    rest = [r.line() for r in reasons[1:] if (r.reason != first.reason or r.detail != first.detail)
+            and (r.reason not in ("no pipe", "no server") or first.reason in ("no pipe", "no server"))]
     return NoRecord(reason=first.reason, detail="; ".join(filter(None, [first.detail, *rest])))
 
 

@@ -249,7 +249,7 @@ def judge(records: dict[int, dict], missing: dict[int, NoRecord], dumps: list[St
             notes.append(f"no flight record ({why}) and no stacks")
             return verdict()
         if stacks:
-            why = "; ".join(sorted({m.reason for m in missing.values()})) or "the flight recorder is off"
+            why = "; ".join(sorted({m.line() for m in missing.values()})) or "the flight recorder is off"
             evidence.insert(0, f"stacks of rank(s) {ranges(sorted(stacks))} (no flight record: {why})")
         if inside:
             name(outside, at, "its stack is outside any collective", None)
