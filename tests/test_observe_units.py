@@ -347,3 +347,83 @@ def test_the_watchdog_judges_a_hang_at_the_runs_own_pace():
         assert dog.why() is None
         clock.now += 0.3
         assert dog.why().endswith(f"observe.watchdog.no_progress_s={spec.no_progress_s:g})")
+
+
+class _DumpPipe:
+    """A rank's side of NCCL's debug pipe, as torch 2.13 (cf30153c, the venv's) does it in
+    torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp lines 199-238 (`DumpPipe`): `<stem><rank>.pipe` made with
+    mkfifo and opened O_RDONLY | O_NONBLOCK; its heartbeat thread reads it every TORCH_NCCL_COORD_CHECK_MILSEC and
+    a byte read makes the rank dump its record to `<TORCH_FR_DUMP_TEMP_FILE><rank>`; the destructor closes the
+    fd and leaves the file. `dumps=False`: a rank whose dump never comes (its watchdog is stuck)."""
+
+    def __init__(self, stem: str, rank: int, dump_stem: str, dumps: bool = True):
+        import os
+        import threading
+
+        self.path = f"{stem}{rank}.pipe"
+        os.mkfifo(self.path, 0o666)
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        self.rank, self.dump_stem, self.dumps, self.closed = rank, dump_stem, dumps, threading.Event()
+        self.thread = threading.Thread(target=self._heartbeat, daemon=True)
+        self.thread.start()
+
+    def _heartbeat(self) -> None:
+        import os
+        import pickle
+
+        while not self.closed.wait(0.1):
+            try:
+                asked = len(os.read(self.fd, 128)) > 0
+            except BlockingIOError:
+                asked = False
+            if asked and self.dumps:
+                with open(f"{self.dump_stem}{self.rank}", "wb") as f:
+                    pickle.dump({"version": "2.10", "entries": [], "rank": self.rank}, f)
+        os.close(self.fd)
+
+    def close(self) -> None:
+        self.closed.set()
+        self.thread.join()
+
+
+def test_every_rank_of_a_node_is_asked_through_its_nccl_pipe_and_each_missing_record_says_why(tmp_path):
+    """Five ranks of a node: 0 dumps when its pipe is written; 1's process group is gone (its pipe has no reader:
+    in teardown); 2 has no pipe (and a dump left by a previous launch, which is not its record); 3's process has
+    exited; 4 reads its pipe but never dumps (timed out, after the bounded wait)."""
+    import os
+    import pickle
+    import time
+
+    from a4ray.observe.flight import NoRecord, collect
+
+    pipes, out = tmp_path / "pipes", tmp_path / "flight-recorder"
+    pipes.mkdir()
+    out.mkdir()
+    env = {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{pipes}/pipe_", "TORCH_FR_DUMP_TEMP_FILE": f"{out}/nccl_trace_rank_",
+           "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_COORD_CHECK_MILSEC": "100"}
+    stale = out / "nccl_trace_rank_2"
+    stale.write_bytes(pickle.dumps({"entries": [], "stale": True}))
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    since = time.time() - 60
+    ranks = [_DumpPipe(env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"], r, env["TORCH_FR_DUMP_TEMP_FILE"], dumps=r != 4)
+             for r in (0, 1, 4)]
+    ranks[1].close()
+    try:
+        started = time.monotonic()
+        found = collect({r: os.getpid() for r in (0, 1, 2, 4)}, [0, 1, 2, 3, 4], env, pipes, out, since, timeout_s=2)
+        took = time.monotonic() - started
+    finally:
+        for r in ranks:
+            if not r.closed.is_set():
+                r.close()
+    assert found[0] == {"version": "2.10", "entries": [], "rank": 0}
+    why = {r: found[r] for r in (1, 2, 3, 4)}
+    assert all(isinstance(w, NoRecord) for w in why.values()), why
+    assert {r: w.reason for r, w in why.items()} == {1: "in teardown", 2: "no pipe", 3: "process gone", 4: "timed out"}
+    assert why[1].detail.startswith("nothing reads pipe_1.pipe: its process group 0 is gone")
+    assert why[2].detail.startswith("no NCCL debug pipe: process group 0's heartbeat thread makes one in an NCCL "
+                                    "rank with TORCH_FR_BUFFER_SIZE > 0 (here 2000)")
+    assert why[4].detail.startswith("no dump 2s after its debug pipe was written (its heartbeat thread reads it every "
+                                    "100 ms while TORCH_NCCL_DUMP_ON_TIMEOUT is on)")
+    assert [r for r, w in why.items() if w.evidence] == [3]
+    assert 2 <= took < 4, took  # waited for rank 4, bounded
