@@ -93,6 +93,10 @@ def test_moe_converts_on_two_nodes_verifies_and_is_then_a_cache_hit(local_cluste
     assert (root / "config.json").is_file() and not (root / "model.safetensors.index.json").exists()
     record = json.loads((root / "a4ray-convert.json").read_text())
     assert record["naming"] == "te" and record["layout"]["nodes"] == 2 and record["verify"]["ok"]
+    # What the parts' and the verifier's Ray tasks print is in the run's logs (observe/stream.py), not Ray's stream.
+    [logs] = (tmp_path / "runs").glob("convert-*/logs")
+    assert sorted(p.name for p in logs.glob("*.log")) == sorted([f"part-{i}.log" for i in range(len(first.parts))]
+                                                                + ["verify.log"])
 
     again = convert(_spec(models["moe"], out))
     assert again.status == "cached" and again.checkpoint == first.checkpoint and again.verify.ok

@@ -42,6 +42,7 @@ from a4ray.hf2mcore.hf import HFCheckpoint, fingerprint
 from a4ray.hf2mcore.mapping import dropped, hf_tensors, torch_dtype
 from a4ray.mcore.architecture import Architecture
 from a4ray.mcore.names import TRACKER
+from a4ray.observe import stream
 from a4ray.runtime.connect import Connection
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.conversion import ConvertJob
@@ -96,6 +97,7 @@ class ConvertWorkload(Workload[ConvertJob]):
                            save=f"{output}/.tmp-<key>")
         self.config: dict = {}
         self.dtype_name = ""  # resolved from convert.precision once the input is open
+        self.logs = Path()  # the run's (or its step's) logs, once it runs
 
     # ------------------------------------------------------------------------------- checks
     def check(self) -> None:
@@ -184,6 +186,7 @@ class ConvertWorkload(Workload[ConvertJob]):
             say(f"convert: skipped: {reason}")
             return ConvertResult(ok=True, status="skipped", backend=c.backend, verdict=f"SKIPPED: {reason}")
         job = self._prepare(conn.workspace(self.spec.storage))
+        self.logs = log_dir or run_dir.logs  # where its Ray tasks' output goes (the gang's: its own logs)
         say(f"convert: {job.source} -> {job.out.final} ({c.backend}, key {job.key[:12]})")
         record = job.out.existing()
         if record is not None:
@@ -309,7 +312,7 @@ class ConvertWorkload(Workload[ConvertJob]):
         native.check_memory(self.spec, self.spec.convert.tasks_per_node * native_plan.task_memory, "the conversion")
         placement = native.Placement(self.spec, native_plan.task_memory)
         try:
-            return native.convert(hf, native_plan, self.spec, tmp, placement)
+            return native.convert(hf, native_plan, self.spec, tmp, placement, self.logs)
         finally:
             placement.close()
 
@@ -338,17 +341,19 @@ class ConvertWorkload(Workload[ConvertJob]):
         c = self.spec.convert
         say(f"convert: verifying {root} against {source} (round trip: {c.verify.round_trip}, "
             f"logits: {c.verify.logits})")
+        log = stream.TaskLog.open(self.logs, "verify")  # what it prints: in the run's logs, shown by the stream's rules
         # max_calls=1: the worker exits afterwards, taking megatron-core's process-wide CPU shims with it.
-        task = ray.remote(max_calls=1)(verify.run).options(
+        task = ray.remote(max_calls=1)(stream.captured).options(
             num_cpus=1, max_retries=0, memory=verify.memory_needed(arch, c.verify) or None,
             # It compares on the CPU (fp32), as designed; a node's GPUs stay the trainer's.
             runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": ""}},
             resources={self.spec.cluster.node_resource: 0.001}, name=f"a4ray-convert-{self.spec.name}-verify")
         try:
-            report = ray.get(task.remote(str(root), str(source), c.naming, c.format, c.verify,
-                                         strict_keys=c.backend == "native"))
+            report = ray.get(task.remote(str(log.path), f"{verify.__name__}:run", str(root), str(source), c.naming,
+                                         c.format, c.verify, strict_keys=c.backend == "native"))
         except Exception as error:  # noqa: BLE001 - a crashed verifier is a failed verification
             report = VerifyReport(ok=False, problems=[f"the verification task failed: {native.why_failed(error)}"])
+        stream.relay([log])
         say(f"convert: verify {'passed' if report.ok else 'FAILED'} on {report.node or '?'} in "
             f"{report.duration_s:.1f}s: {report.summary()}")
         return report

@@ -41,7 +41,7 @@ from a4ray.hf2mcore.mapping import (
 )
 from a4ray.mcore.architecture import Architecture, Naming
 from a4ray.mcore.checkpointing import model_args
-from a4ray.observe import metrics
+from a4ray.observe import metrics, stream
 from a4ray.runtime.deaths import why_died
 from a4ray.spec.conversion import ConvertJob
 
@@ -325,33 +325,39 @@ class Placement:
             pass
 
 
-def convert(hf: HFCheckpoint, native: NativePlan, job: ConvertJob, root: Path,
-            placement: Placement) -> list[PartRecord]:
-    """Write the checkpoint into `root` (a temporary directory); returns what each part did."""
+def convert(hf: HFCheckpoint, native: NativePlan, job: ConvertJob, root: Path, placement: Placement,
+            logs: Path) -> list[PartRecord]:
+    """Write the checkpoint into `root` (a temporary directory); returns what each part did. What the parts'
+    tasks print goes to `logs` (the run's), and to the stream by its rules."""
     release_dir = root / writer.RELEASE
     release_dir.mkdir(parents=True)
     arch, naming, dtype = native.arch, native.naming, native.dtype
     args = model_args(arch, dtype, naming, native.format)
     max_mb_s = job.convert.max_mb_s_per_task
     hf_ref = ray.put(hf)  # the shard index, shipped to the tasks once
-    refs = {}
+    refs, task_logs = {}, [stream.TaskLog.open(logs, f"part {p.index}") for p in native.parts]
+    remote = ray.remote(stream.captured)
     if native.format == "legacy":
         placement.wait()
         part = native.parts[0]
-        task = ray.remote(write_legacy).options(**placement.options(0, num_cpus=1, memory=part.peak,
-                                                                    name=f"a4ray-convert-{job.name}-legacy"))
-        refs[task.remote(hf_ref, str(release_dir), part, arch, naming, dtype, args)] = part
+        task = remote.options(**placement.options(0, num_cpus=1, memory=part.peak,
+                                                  name=f"a4ray-convert-{job.name}-legacy"))
+        refs[task.remote(str(task_logs[0].path), f"{__name__}:write_legacy", hf_ref, str(release_dir), part, arch,
+                         naming, dtype, args)] = part
     else:
         items = [[writer.tensor_item(u, arch, naming, dtype) for u in p.units]
                  + [writer.object_item(e) for e in p.extras] for p in native.parts]
         dcp_plans, metadata = writer.global_plan(items)
         placement.wait()
-        remote = ray.remote(write_part)
         for part, dcp_plan in zip(native.parts, dcp_plans):
             task = remote.options(**placement.options(part.index, num_cpus=1, memory=part.peak,
                                                       name=f"a4ray-convert-{job.name}-part-{part.index}"))
-            refs[task.remote(hf_ref, str(release_dir), part, dcp_plan, arch, naming, dtype, max_mb_s)] = part
-    done = _gather(refs, placement, job.name)
+            refs[task.remote(str(task_logs[part.index].path), f"{__name__}:write_part", hf_ref, str(release_dir),
+                             part, dcp_plan, arch, naming, dtype, max_mb_s)] = part
+    try:
+        done = _gather(refs, placement, job.name)
+    finally:
+        stream.relay(task_logs)
     if native.format != "legacy":
         writer.finish(release_dir, metadata, [r.results for r in done], args)
     for side in hf.side_files():

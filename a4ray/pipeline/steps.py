@@ -108,7 +108,7 @@ class Stage(Step):
         made = make_standins(self.spec)
         notes = [made] if made else []
         try:
-            result = stage(self.spec, workspace=ctx.workspace, conn=ctx.conn)
+            result = stage(self.spec, workspace=ctx.workspace, conn=ctx.conn, log_dir=ctx.run_dir.step_logs(self.name))
         except StagingFailed as failure:
             print(failure.result.table(), flush=True)
             raise

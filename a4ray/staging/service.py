@@ -21,6 +21,7 @@ from pathlib import Path
 import ray
 
 from a4ray.core.errors import A4RayError
+from a4ray.observe import stream
 from a4ray.runtime.connect import NAMESPACE
 from a4ray.staging.display import Progress
 from a4ray.staging.task import ArtifactOutcome, StageRequest, run_stage
@@ -40,7 +41,12 @@ SERVICE_NAME = f"a4ray-staging-{_code_version()}"
 
 
 def _stage_task(request: StageRequest, service) -> ArtifactOutcome:
-    return run_stage(request, sink=lambda progress: service.report.remote(progress))
+    def sink(progress: Progress) -> None:
+        service.report.remote(progress)
+
+    if request.log:
+        return stream.captured(request.log, run_stage, request, sink=sink)
+    return run_stage(request, sink=sink)
 
 
 def task_options(request: StageRequest) -> dict:

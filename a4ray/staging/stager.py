@@ -20,6 +20,7 @@ from a4ray.core.console import say, table
 from a4ray.core.errors import SpecError, StagingError, StagingFailed
 from a4ray.core.results import Result
 from a4ray.core.rundir import RunDir
+from a4ray.observe import stream
 from a4ray.runtime.connect import Connection, attached
 from a4ray.runtime.deaths import ACTOR_GONE, why_died
 from a4ray.runtime.simulated import local_root
@@ -122,7 +123,7 @@ class Staging:
 
     def run(self, conn: Connection, run_dir: RunDir) -> StageResult:
         make_standins(self.spec)  # as the pipeline's stage step does: a local spec stages on a fresh checkout
-        return stage(self.spec, workspace=self.workspace, only=self.only, conn=conn)
+        return stage(self.spec, workspace=self.workspace, only=self.only, conn=conn, log_dir=run_dir.logs)
 
 
 def _chosen(artifacts: Sequence[ArtifactSpec], only: Sequence[str]) -> list[ArtifactSpec]:
@@ -135,9 +136,11 @@ def _chosen(artifacts: Sequence[ArtifactSpec], only: Sequence[str]) -> list[Arti
 
 def stage(spec: JobSpec | Sequence[ArtifactSpec], *, workspace: str | Path | None = None,
           options: StagingOptions | None = None, only: Sequence[str] = (),
-          display: Display | None = None, conn: Connection | None = None) -> StageResult:
+          display: Display | None = None, conn: Connection | None = None,
+          log_dir: Path | None = None) -> StageResult:
     """Stage the artifacts of `spec` (any job that includes `Staged`) or a list of artifacts, on the cluster
     `conn` (default: the one this process is connected to: a job's driver, a notebook after `a4ray.connect()`).
+    What the staging tasks print goes to `log_dir` (a run's logs), and to the stream by its rules.
 
     `workspace` overrides where targets are resolved (default: the spec's shared workspace on a real
     cluster, its local workspace on a simulated one). Raises `StagingFailed` (with `.result`) if any
@@ -161,11 +164,16 @@ def stage(spec: JobSpec | Sequence[ArtifactSpec], *, workspace: str | Path | Non
     if conn.simulated:  # every simulated node shares this machine's disk: the workspace is ours to create
         root.mkdir(parents=True, exist_ok=True)
     _check_targets(spec, artifacts, root)
+    logs = [stream.TaskLog.open(log_dir, f"stage {a.name}") for a in artifacts] if log_dir else []
     requests = [StageRequest(artifact=_absolute_source(a), options=options, workspace=str(root), job=job,
-                             target=str(resolve_target(root, a.target))) for a in artifacts]
+                             target=str(resolve_target(root, a.target)), log=str(logs[i].path) if logs else "")
+                for i, a in enumerate(artifacts)]
     if cluster.nodes > 1:
         check_shared(root, options, job_nodes=cluster.nodes)
-    outcomes = run_requests(requests, display or Display(), timeout_s=timeout_s)
+    try:
+        outcomes = run_requests(requests, display or Display(), timeout_s=timeout_s)
+    finally:
+        stream.relay(logs)
     result = StageResult.of(str(root), time.monotonic() - started, outcomes)
     if not result.ok:
         failures = [o for o in outcomes if o.status == "failed"]

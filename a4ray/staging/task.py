@@ -49,6 +49,7 @@ class StageRequest(BaseModel):
     target: str  # absolute
     workspace: str  # absolute; must exist on the node (the shared mount)
     job: str = ""  # who asked, for messages
+    log: str = ""  # where the task's output goes (the requesting run's logs: observe/stream.py); "": Ray's own way
 
 
 class ArtifactOutcome(BaseModel):
