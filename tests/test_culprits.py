@@ -411,54 +411,56 @@ def test_a_node_made_slower_is_flagged_a_straggler_and_an_even_gang_flags_none(l
 
 def test_a_wedged_rank_of_the_megatron_trainer_is_named_from_the_others_records_and_its_stack(local_cluster,
                                                                                                tmp_path, standins):
-    """a4ray's Megatron trainer on 2 nodes; node 1's rank is stopped (SIGSTOP: a rank too wedged to answer) after
-    iteration 3, outside any collective (a stop that lands inside one is undone and tried again: a rank frozen in
-    a collective it entered is no evidence against it). Rank 0's flight record shows the collective it waits in;
-    rank 1 answers no record, and its stack shows it stopped outside: the verdict names rank 1, its node and host,
-    and the collective's sequence number; the node history records the culprit."""
+    """a4ray's Megatron trainer on 2 nodes x 2 ranks; rank 3 (node 1's second) is stopped (SIGSTOP: a rank too
+    wedged to answer) after iteration 3, outside any collective (a stop that lands inside one is undone and tried
+    again: a rank frozen in a collective it entered is no evidence against it). The others' flight records show the
+    collective they wait in; rank 3 answers no record, and its stack shows it stopped outside: the verdict names
+    rank 3, its node and host, and the collective's sequence number, and no rank of node 0 nor its partner on
+    node 1; the node history records the culprit."""
     save = tmp_path / "save"
-    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "command.torchrun=true", "command.argv=[x]",
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", "command.torchrun=true", "command.argv=[x]",
                "observe.watchdog.no_progress_s=5", workspace=tmp_path)
     spec = spec.set("command.argv", [
         "-m", "a4ray.mcore", "--model", str(standins["qwen3-moe-tiny"]), "--save", str(save), "--data-path",
         str(standins["qwen-datasets"] / "mmap_qwen3_datasets_text_document"), "--seq-length", "32",
-        "--global-batch-size", "2", "--train-iters", "1000", "--save-interval", "100000",
+        "--global-batch-size", "4", "--train-iters", "1000", "--save-interval", "100000",
         "--distributed-optimizer", "off", "--naming", "local", "--threads", "1"])
     stopped: list[psutil.Process] = []
 
-    def stop_node_1_after_iteration_3():
+    def stop_rank_3_after_iteration_3():
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            logs = list((tmp_path / "runs").glob("*/logs/rank-0001.log"))
+            logs = list((tmp_path / "runs").glob("*/logs/rank-0003.log"))
             if logs and re.search(r"iteration\s+3/", logs[0].read_text()):
                 break
             time.sleep(0.1)
         for proc in psutil.process_iter(["cmdline"]):
             with contextlib.suppress(psutil.Error):
                 cmd = " ".join(proc.info["cmdline"] or [])
-                if str(save) in cmd and "a4ray.runtime.ranks" not in cmd and proc.environ().get("RANK") == "1":
+                if str(save) in cmd and "a4ray.runtime.ranks" not in cmd and proc.environ().get("RANK") == "3":
                     for _ in range(50):
                         proc.suspend()
                         text, _error = dump(proc.pid, stopped=True)
-                        if not StackDump(rank="1", node=1, pid=proc.pid, where=where(text)).in_collective:
+                        if not StackDump(rank="3", node=1, pid=proc.pid, where=where(text)).in_collective:
                             break
                         proc.resume()
                         time.sleep(0.05)
                     stopped.append(proc)
 
-    stopper = threading.Thread(target=stop_node_1_after_iteration_3, daemon=True)
+    stopper = threading.Thread(target=stop_rank_3_after_iteration_3, daemon=True)
     stopper.start()
     result = run(spec)
     stopper.join(timeout=5)
     assert stopped and not result.ok and result.gang.failure_kind == "hang", result.verdict
     verdict = result.gang.hang_verdict
     node1 = next(n for n in result.gang.nodes if n.gang_rank == 1)
-    assert [(c.rank, c.node.node, c.node.host) for c in verdict.culprits] == [(1, 1, node1.host)], verdict
-    assert verdict.culprits[0].where.startswith("a stopped process (state T)")
-    assert verdict.waiting == [0] and verdict.collective is not None and verdict.collective.seq > 3
-    assert verdict.evidence == ["flight recorder of rank(s) 0", "stacks of rank(s) 1"]
+    assert [(c.rank, c.node.node, c.node.host) for c in verdict.culprits] == [(3, 1, node1.host)], verdict
+    assert verdict.culprits[0].where.startswith("a stopped process (state T) in ")
+    assert verdict.culprits[0].why == "its stack is outside any collective"
+    assert verdict.waiting and set(verdict.waiting) <= {0, 1, 2} and verdict.collective.seq > 3, verdict
+    assert verdict.evidence == ["flight recorder of rank(s) 0-2", "stacks of rank(s) 3"]
     record = json.loads((Path(result.gang.log_dir) / "flight-recorder" / "rank_0.json").read_text())
     assert any(e["collective_seq_id"] == verdict.collective.seq and not e["retired"] for e in record["entries"])
-    assert f"rank 1 on node 1 ({node1.host}" in result.verdict
+    assert f"rank 3 on node 1 ({node1.host}" in result.verdict
     culprit = [e for e in NodeHistory(tmp_path).events(node1.host) if e.event == "hang-culprit"]
     assert len(culprit) == 1 and f"#{verdict.collective.seq}" in culprit[0].detail
