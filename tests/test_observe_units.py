@@ -427,3 +427,20 @@ def test_every_rank_of_a_node_is_asked_through_its_nccl_pipe_and_each_missing_re
                                     "100 ms while TORCH_NCCL_DUMP_ON_TIMEOUT is on)")
     assert [r for r, w in why.items() if w.evidence] == [3]
     assert 2 <= took < 4, took  # waited for rank 4, bounded
+
+
+def test_a_ranks_own_process_is_the_one_whose_parent_does_not_carry_its_rank():
+    """A rank's data-loader workers inherit RANK: its flight record and RAS's pid are the rank's own process's."""
+    import os
+    import subprocess
+    import sys
+
+    from a4ray.observe.flight import rank_pids
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert rank_pids([("5", child.pid), ("5", os.getpid()), ("n0:pid1", 1)]) == {5: os.getpid()}
+        assert rank_pids([("5", child.pid), ("6", os.getpid())]) == {5: child.pid, 6: os.getpid()}
+    finally:
+        child.kill()
+        child.wait()

@@ -76,6 +76,21 @@ def read_dump(path: Path) -> dict:
         return pickle.load(f)
 
 
+def rank_pids(processes: list[tuple[str, int]]) -> dict[int, int]:
+    """Each global rank's own process, from (RANK, pid) of a launch's processes: a rank's data-loader workers and
+    helpers inherit its RANK, and the rank is the one whose parent does not carry the same."""
+    by_pid = {pid: rank for rank, pid in processes if rank.isdigit()}
+    own: dict[int, int] = {}
+    for pid, rank in sorted(by_pid.items()):
+        try:
+            parent = psutil.Process(pid).ppid()
+        except psutil.Error:
+            continue
+        if by_pid.get(parent) != rank:
+            own.setdefault(int(rank), pid)
+    return own
+
+
 NoRecordReason = Literal["no pipe", "no server", "timed out", "process gone", "in teardown", "no answer from its node"]
 _PRECEDENCE = ["process gone", "in teardown", "timed out", "no pipe", "no server", "no answer from its node"]
 

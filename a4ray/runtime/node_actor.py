@@ -510,18 +510,17 @@ class NodeActor:
             return {}
         out_dir = Path(request.log_dir) / "flight-recorder"
         out_dir.mkdir(parents=True, exist_ok=True)
-        ranks = {int(rank): pid for rank, pid in self.rank_processes() if rank.isdigit()}
         first = request.node_rank * request.nproc  # a launch numbers its ranks node by node
-        return flight.collect(ranks, list(range(first, first + request.nproc)), self._env or {},
-                              flight_recorder_pipes(request.launch_id), out_dir,
+        return flight.collect(flight.rank_pids(self.rank_processes()), list(range(first, first + request.nproc)),
+                              self._env or {}, flight_recorder_pipes(request.launch_id), out_dir,
                               since=self._process.started_at or 0.0, timeout_s=timeout_s)
 
     def ras_status(self, timeout_s: float = 3) -> ras.NodeRas:
         """What NCCL's RAS on this node says of the job's communicators (bounded by `timeout_s`), or why it says
         nothing, with this node's addresses and rank pids, which map the processes it names to global ranks."""
         node = self._request.node_rank if self._request is not None else -1
-        ranks = {int(rank): pid for rank, pid in self.rank_processes() if rank.isdigit()}
-        return ras.ask(node, ranks, (self._env or {}).get("NCCL_RAS_ADDR"), timeout_s)
+        return ras.ask(node, flight.rank_pids(self.rank_processes()), (self._env or {}).get("NCCL_RAS_ADDR"),
+                       timeout_s)
 
     def call(self, fn, *args, **kwargs):
         """Run `fn(*args, **kwargs)` on this node (preflight checks, probes) and return its result."""
