@@ -59,7 +59,7 @@ def _hang(tmp_path: Path, init: str):
     script = tmp_path / "stuck.py"
     script.write_text(STUCK_AT_4TH.format(init=init))
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", f"command.argv=[{script}]",
-               "command.torchrun=true", "observe.watchdog.no_progress_s=4", workspace=tmp_path)
+               "command.torchrun=true", "observe.watchdog.pace_floor_s=4", workspace=tmp_path)
     with pytest.raises(GangHang) as e:
         with Gang(spec, log_dir=str(tmp_path / "logs"), run_dir=str(tmp_path / tmp_path.name)) as gang:
             gang.run(Command(spec).launch)
@@ -69,8 +69,12 @@ def _hang(tmp_path: Path, init: str):
 
 
 def test_a_hang_in_a_users_program_names_the_rank_from_the_stacks(local_cluster, tmp_path):
-    """A user's program on gloo serves no flight record: the stacks are the evidence, and the verdict says so."""
+    """A user's program on gloo serves no flight record: the stacks are the evidence, and the verdict says so. The
+    hang is judged at the run's own pace (its iterations come in well under a second: the floor, 4 s here), not
+    after no_progress_s (1800 s)."""
     result, gang, message = _hang(tmp_path, PLAIN_INIT)
+    assert re.search(r"the launch hung: no new iteration for \d+s \(after iteration 3; the run's pace: 20 x its "
+                     r"median \S+s per iteration", message), message
     verdict = result.hang_verdict
     assert [c.rank for c in verdict.culprits] == [3] and verdict.culprits[0].node.node == 1, verdict
     assert verdict.culprits[0].where == "load_batch (stuck.py:8)"
