@@ -349,6 +349,16 @@ def test_the_watchdog_judges_a_hang_at_the_runs_own_pace():
         assert dog.why().endswith(f"observe.watchdog.no_progress_s={spec.no_progress_s:g})")
 
 
+def test_the_plan_states_the_watchdogs_rule():
+    from conftest import job
+
+    from a4ray.driver.execute import plan, render
+
+    text = render(plan(job("ddp_test", "observe.watchdog.pace_floor_s=90", "observe.watchdog.no_progress_s=600")))
+    assert ("note: hang watchdog: a hang is no new iteration for max(90s, 20 x the run's median time per iteration x "
+            "the iterations between its lines), at most 600s, once two iteration lines have come") in text, text
+
+
 class _DumpPipe:
     """A rank's side of NCCL's debug pipe, as torch 2.13 (cf30153c, the venv's) does it in
     torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp lines 199-238 (`DumpPipe`): `<stem><rank>.pipe` made with
