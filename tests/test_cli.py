@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import uuid
@@ -125,3 +126,47 @@ def test_every_option_says_what_it_does_and_help_imports_no_ray():
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         walk(sub.choices[command], f"a4ray {command}")
     assert not missing, missing
+
+
+_MAKE_PIPES = ("import sys; from a4ray.runtime.reaper import make_flight_recorder_pipes; "
+               "make_flight_recorder_pipes(sys.argv[1]); print('made', flush=True); sys.stdin.read()")
+
+
+def test_pipe_directories_of_gone_launches_go_with_the_next_gang_and_local_down(local_cluster, tmp_path):
+    """A node actor killed with its gang (its reaper with it) cannot remove its launch's flight-recorder pipes in
+    /tmp: the next node actor on the host, and `a4ray local down`, remove those whose owner is gone. Other test
+    workers and clusters share /tmp: a live owner's directory, and one that records no owner, stay."""
+    from a4ray.driver.execute import run
+    from a4ray.runtime.reaper import flight_recorder_pipes, make_flight_recorder_pipes
+    from conftest import job
+
+    tag = uuid.uuid4().hex[:8]
+    owners = {}
+    for name in ("killed", "live", "later"):  # each makes its launch's pipes as a node actor does, and lives on
+        owners[name] = subprocess.Popen([PYTHON, "-c", _MAKE_PIPES, f"test-{tag}-{name}"], cwd=REPO,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert owners[name].stdout.readline() == "made\n"
+    dirs = {name: flight_recorder_pipes(f"test-{tag}-{name}") for name in (*owners, "mine", "unrecorded")}
+    make_flight_recorder_pipes(f"test-{tag}-mine")  # this process's: alive
+    dirs["unrecorded"].mkdir()  # no owner recorded (being made, or an older a4ray's): not a4ray's to judge
+    try:
+        owners["killed"].kill()  # SIGKILL: nothing of it cleans up
+        owners["killed"].wait()
+        spec = job("command", "cluster.nodes=1", "cluster.gpus_per_node=1", "command.argv=[true]", workspace=tmp_path)
+        assert run(spec).ok
+        assert not dirs["killed"].exists()
+        assert all(dirs[name].is_dir() for name in ("live", "later", "mine", "unrecorded"))
+
+        owners["later"].kill()
+        owners["later"].wait()
+        down = subprocess.run([PYTHON, "-m", "a4ray.cli", "local", "down"], cwd=REPO, env=isolated_env(tmp_path),
+                              capture_output=True, text=True, timeout=60)
+        assert down.returncode == 0, down.stderr
+        assert not dirs["later"].exists(), down.stdout
+        assert all(dirs[name].is_dir() for name in ("live", "mine", "unrecorded"))
+    finally:
+        for owner in owners.values():
+            owner.kill()
+            owner.wait()
+        for path in dirs.values():
+            shutil.rmtree(path, ignore_errors=True)

@@ -33,6 +33,7 @@ from a4ray.core.errors import A4RayError
 from a4ray.driver.main import error_exit
 from a4ray.observe import prometheus
 from a4ray.runtime import auth
+from a4ray.runtime.reaper import sweep_flight_recorder_pipes
 from a4ray.runtime.simulated import SimulatedCluster
 from a4ray.spec.job import ClusterJob
 from a4ray.spec.overrides import validate
@@ -159,10 +160,13 @@ def _down(args: argparse.Namespace) -> int:
     if not states:
         say("no a4ray local up is running here (nothing to stop)" if args.pid is None else
             f"no a4ray local up runs as pid {args.pid} (`a4ray local status` lists those that do)")
-        return 0
     stopped = True
     for state in states:
         stopped = _stop(state) and stopped
+    swept = sweep_flight_recorder_pipes()  # what node actors killed with their gangs left in /tmp
+    if swept:
+        say(f"removed {len(swept)} flight-recorder pipe director{'y' if len(swept) == 1 else 'ies'} of launches "
+            "whose node actor is gone")
     return 0 if stopped else 1
 
 

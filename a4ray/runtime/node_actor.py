@@ -44,7 +44,7 @@ from a4ray.programs.record import (  # what a4ray's rank programs print and serv
 )
 from a4ray.runtime.netenv import EnvLayer, build_env, gib_layer, source_script
 from a4ray.runtime.process import ManagedProcess, launch_processes
-from a4ray.runtime.reaper import flight_recorder_pipes
+from a4ray.runtime.reaper import flight_recorder_pipes, make_flight_recorder_pipes, sweep_flight_recorder_pipes
 from a4ray.runtime.topology import NodeFacts
 from a4ray.spec.cluster import NetworkSpec
 
@@ -185,6 +185,7 @@ class NodeActor:
         self._exec_lock = threading.Lock()
         self._priority = _take_node_priority()  # None, or why this node's commands run at lower priority
         _actor_log_not_forwarded()
+        sweep_flight_recorder_pipes()  # what node actors killed here before left in /tmp
         self._ray_only = _ray_worker_env()  # what Ray set for this worker alone, kept from the commands
 
     def __repr__(self) -> str:
@@ -655,8 +656,7 @@ def _with_a4ray_on_path(pythonpath: str | None) -> str:
 
 def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
     """PyTorch's NCCL flight recorder: kept on, dumped on an NCCL timeout or when its pipe is written."""
-    pipes = flight_recorder_pipes(request.launch_id)  # the launch's reaper removes it when the launch ends
-    pipes.mkdir(parents=True, exist_ok=True)
+    pipes = make_flight_recorder_pipes(request.launch_id)  # the launch's reaper removes it when the launch ends
     # TORCH_FR_* are PyTorch >= 2.7's names (the TORCH_NCCL_* ones they replace still work there).
     return {
         "TORCH_FR_BUFFER_SIZE": "2000",

@@ -1,17 +1,22 @@
 """Reaper of one launch: waits for EOF on stdin (its owner closed the pipe or died), then kills the
 launch's process group and every process carrying its launch id, and removes the launch's flight-recorder
 pipe directory (the node actor makes one per launch; nothing reads it once the ranks are gone, and a node
-actor ended with its gang can no longer remove it itself).
+actor ended with its gang can no longer remove it itself). Where the reaper was killed too, the next node actor
+on the host and `a4ray local down` remove it (`sweep_flight_recorder_pipes`).
 
 Usage (started by ManagedProcess, never by hand): python -m a4ray.runtime.reaper PGID LAUNCH_ID GRACE_S
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
+import socket
 import sys
 from pathlib import Path
+
+import psutil
 
 
 def flight_recorder_pipes(launch_id: str) -> Path:
@@ -19,6 +24,38 @@ def flight_recorder_pipes(launch_id: str) -> Path:
     flight-record sockets: named pipes and sockets need a local filesystem, and a socket's path must stay short
     (108 bytes)."""
     return Path("/tmp") / f"a4ray-fr-{launch_id}"
+
+
+_OWNER = ".owner"  # in a launch's pipe directory: the process that made it (host, pid, its start time)
+
+
+def make_flight_recorder_pipes(launch_id: str) -> Path:
+    """The launch's pipe directory, made by this process (the node actor), which it records as its owner."""
+    pipes = flight_recorder_pipes(launch_id)
+    pipes.mkdir(parents=True, exist_ok=True)
+    me = psutil.Process()
+    (pipes / _OWNER).write_text(json.dumps({"host": socket.gethostname(), "pid": me.pid, "started": me.create_time()}))
+    return pipes
+
+
+def sweep_flight_recorder_pipes() -> list[Path]:
+    """Remove the pipe directories whose owner is gone (a node actor killed with its gang cannot remove its own,
+    nor can its reaper when killed with it); returns them. Other test workers, clusters and users share /tmp, so
+    a directory goes only if its owner is recorded, on this host, and no process of that pid started at that time
+    lives (pids are reused). One without a record (being made, or another version's) or another host's is left."""
+    removed = []
+    for pipes in Path("/tmp").glob("a4ray-fr-*"):
+        try:
+            owner = json.loads((pipes / _OWNER).read_text())
+            if owner["host"] != socket.gethostname() or psutil.Process(owner["pid"]).create_time() == owner["started"]:
+                continue
+        except psutil.NoSuchProcess:
+            pass  # the owner is gone
+        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+            continue  # no record, one that is being written, or an owner we may not look at: not ours to judge
+        shutil.rmtree(pipes, ignore_errors=True)
+        removed.append(pipes)
+    return removed
 
 
 def main(argv: list[str]) -> int:
