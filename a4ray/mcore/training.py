@@ -351,6 +351,8 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
         if done % args.save_interval == 0 or done == args.train_iters or stop:
             ckpt_args.iteration, ckpt_args.consumed_train_samples = done, done * G
             ts = time.perf_counter()
+            # Megatron-LM's words: the hang watchdog allows a save its upper bound, not the run's pace
+            say(f"saving checkpoint at iteration {done:7d} to {Path(args.save).resolve()} in torch_dist format")
             saved = checkpointing.save(Path(args.save).resolve(), done, module, optimizer, scheduler, ckpt_args,
                                     model.ddp_config.use_distributed_optimizer, keep=args.keep)
             say(f"saved checkpoint iteration {done} to {saved} in {time.perf_counter() - ts:.2f}s")
