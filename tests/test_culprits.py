@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
-from conftest import job
+from conftest import free_port, job
 from test_observe import scrape
 
 from a4ray import api
@@ -270,10 +271,11 @@ def standins(tmp_path_factory):
 
 
 # Makes node argv[2]'s ranks (of the run whose command holds argv[1]) slower from outside, as a throttled node
-# would be, from when training starts (rank 0's log under argv[3] says its iterations) until terminated:
+# would be, to a share argv[4] of one core (0.1: 10%), from when training starts (rank 0's log under argv[3] says
+# its iterations) until its last iteration (the checkpoint saved after it is not slowed) or until terminated:
 # - where this machine's cgroup CPU controller can be written (here: a VM of our own, as root), a CPU quota
-#   of 10% of one core on those ranks. The kernel enforces it whatever else runs;
-# - else SIGSTOP / SIGCONT at a duty cycle (stopped 9/10 of the time) and a lower priority (nice 10).
+#   of that share of one core on those ranks, together. The kernel enforces it whatever else runs;
+# - else SIGSTOP / SIGCONT at a duty cycle (running that share of the time) and a lower priority (nice 10).
 # The duty cycle alone was not enough on a loaded machine: a rank resumed from a stop is a sleeper the
 # scheduler favours, so it ran its slots at full speed while the other nodes' ranks shared the cores with
 # everything else, and node 2 read only 1.1-3.6x the others in CI-like runs (the rule needs 2x in 2 windows
@@ -283,7 +285,7 @@ def standins(tmp_path_factory):
 SLOW_DOWN = """
 import contextlib, os, pathlib, re, signal, sys, time
 import psutil
-marker, node, workspace = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
+marker, node, workspace, share = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3]), float(sys.argv[4])
 with contextlib.suppress(OSError):
     os.nice(-10)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -306,9 +308,9 @@ def cpu_quota_group():
         group.mkdir()
         if group.parent == v1:
             (group / "cpu.cfs_period_us").write_text("50000")
-            (group / "cpu.cfs_quota_us").write_text("5000")
+            (group / "cpu.cfs_quota_us").write_text(str(int(50000 * share)))
         else:
-            (group / "cpu.max").write_text("5000 50000")
+            (group / "cpu.max").write_text(f"{int(50000 * share)} 50000")
         return group
     except OSError:
         with contextlib.suppress(OSError):
@@ -316,35 +318,40 @@ def cpu_quota_group():
         return None
 
 
-ranks = []
-while not ranks:
-    ranks = list(find_ranks())
-    time.sleep(0 if ranks else 0.05)
-while not any(re.search(r"iterations 1\\.\\.", log.read_text(errors="replace"))
-              for log in workspace.glob("runs/*/logs/rank-0000.log")):
+def logged(pattern, ranks="*"):
+    return any(re.search(pattern, log.read_text(errors="replace"))
+               for log in workspace.glob(f"runs/*/logs/rank-{ranks}.log"))
+
+
+while not logged(r"iterations 1\\.\\.", "0000"):  # every rank is up: all of the node's are found
     time.sleep(0.02)
+ranks = list(find_ranks())
 group = cpu_quota_group()
+trained = r" iteration +(\\d+)/ +\\1 \\|"  # the last one, printed by the last rank
 try:
     if group is not None:
         for proc in ranks:
             with contextlib.suppress(OSError):
                 (group / "cgroup.procs").write_text(str(proc.pid))
-        while True:
-            time.sleep(1)
+        while not logged(trained):
+            time.sleep(0.2)
+        sys.exit(0)
     for proc in ranks:
         with contextlib.suppress(psutil.Error):
             proc.nice(10)
-    while ranks:
+    cycles = 0
+    while ranks and (cycles % 20 or not logged(trained)):
+        cycles += 1
         for proc in list(ranks):
             try:
                 proc.suspend()
             except psutil.Error:
                 ranks.remove(proc)
-        time.sleep(0.045)
+        time.sleep(0.05 * (1 - share))
         for proc in ranks:
             with contextlib.suppress(psutil.Error):
                 proc.resume()
-        time.sleep(0.005)
+        time.sleep(0.05 * share)
 finally:
     for proc in ranks:
         with contextlib.suppress(psutil.Error):
@@ -358,18 +365,25 @@ finally:
 
 
 def _megatron_on_three_nodes(tmp_path: Path, standins: dict, slow_node: int | None):
-    save = tmp_path / "save"
     # Flagged at 3x the gang's median: the throttled node reads 5-15x in every window, quiet or loaded; an even
     # gang's noisiest window on a loaded machine read 2.4x (and never two such windows in a row).
-    spec = job("command", "cluster.nodes=3", "cluster.gpus_per_node=1", "command.torchrun=true", "command.argv=[x]",
-               "observe.straggler.threshold=2.0", "observe.straggler.windows=2", workspace=tmp_path)
+    return _megatron_with_a_slow_node(tmp_path, standins, slow_node, 0.1, nodes=3, ranks_per_node=1, threshold=2.0,
+                                      model="qwen3-moe-tiny", argv=["--global-batch-size", "12", "--train-iters", "24"])
+
+
+def _megatron_with_a_slow_node(tmp_path: Path, standins: dict, slow_node: int | None, share: float, *, nodes: int,
+                               ranks_per_node: int, threshold: float, model: str, argv: list[str]):
+    save = tmp_path / "save"
+    spec = job("command", f"cluster.nodes={nodes}", f"cluster.gpus_per_node={ranks_per_node}", "command.torchrun=true",
+               "command.argv=[x]", f"observe.straggler.threshold={threshold}", "observe.straggler.windows=2",
+               workspace=tmp_path)
     spec = spec.set("command.argv", [
-        "-m", "a4ray.mcore", "--model", str(standins["qwen3-moe-tiny"]), "--save", str(save), "--data-path",
+        "-m", "a4ray.mcore", "--model", str(standins[model]), "--save", str(save), "--data-path",
         str(standins["qwen-datasets"] / "mmap_qwen3_datasets_text_document"), "--seq-length", "32",
-        "--global-batch-size", "12", "--train-iters", "24", "--log-interval", "4", "--save-interval", "1000",
-        "--distributed-optimizer", "off", "--naming", "local", "--threads", "1"])
+        "--log-interval", "4", "--save-interval", "1000", "--distributed-optimizer", "off", "--naming", "local",
+        "--threads", "1", *argv])
     slower = None if slow_node is None else \
-        subprocess.Popen([sys.executable, "-c", SLOW_DOWN, str(save), str(slow_node), str(tmp_path)])
+        subprocess.Popen([sys.executable, "-c", SLOW_DOWN, str(save), str(slow_node), str(tmp_path), str(share)])
     try:
         result = run(spec)
     finally:
@@ -468,3 +482,86 @@ def test_a_wedged_rank_of_the_megatron_trainer_is_named_from_the_others_records_
     assert f"rank 3 on node 1 ({node1.host}" in result.verdict
     culprit = [e for e in NodeHistory(tmp_path).events(node1.host) if e.event == "hang-culprit"]
     assert len(culprit) == 1 and f"#{verdict.collective.seq}" in culprit[0].detail
+
+
+# Two gloo ranks; rank 1 works 0.2 s before each of the kinds of transfer megatron-core makes inside forward
+# and backward (a collective, an asynchronous one waited for later, a batch of sends and receives), rank 0 does
+# nothing and waits in them; then the gradient reduction (not timed). Prints the window's line.
+TIMED_STEPS = """
+import time, torch, torch.distributed as dist
+from a4ray.programs.compute_time import ComputeTimer
+from a4ray.programs.distributed import exit_distributed
+dist.init_process_group("gloo")
+rank, peer = dist.get_rank(), 1 - dist.get_rank()
+timer = ComputeTimer(torch.device("cpu")).exclude_collectives()
+finalize = timer.before(lambda: dist.all_reduce(torch.ones(8)))
+
+
+def work():
+    if rank == 1:
+        time.sleep(0.2)
+
+
+for _ in range(3):
+    timer.start()
+    work()
+    dist.all_reduce(torch.ones(4))
+    work()
+    handle = dist.all_gather_into_tensor(torch.zeros(8), torch.ones(4), async_op=True)
+    handle.wait()
+    work()
+    ops = [dist.P2POp(dist.isend, torch.ones(2), peer), dist.P2POp(dist.irecv, torch.zeros(2), peer)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    finalize()
+timer.report(3)
+exit_distributed(0)
+"""
+
+
+def test_a_ranks_compute_time_leaves_out_its_waits_in_collectives_async_ops_and_sends(tmp_path):
+    """The clock on its own, on real gloo ranks: each kind of transfer counts as waiting, not compute."""
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", TIMED_STEPS], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": port})
+             for r in range(2)]
+    out = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], out
+    window = json.loads(out[1].split("A4RAY_COMPUTE ", 1)[1])
+    (idle, worker), (waited, worker_waited) = window["seconds"], window["waits"]
+    assert idle < 0.15 and waited > 0.5 and worker > 0.55 and worker_waited < 0.15, window
+
+
+def _windows(result) -> list[dict]:
+    return [json.loads(line.split("A4RAY_COMPUTE ", 1)[1]) for log in Path(result.gang.log_dir).glob("rank-*.log")
+            for line in log.read_text().splitlines() if "A4RAY_COMPUTE" in line]
+
+
+def test_a_straggler_under_expert_parallelism_across_nodes_is_flagged_and_an_even_gang_flags_none(
+        local_cluster, tmp_path, standins, capfd):
+    """The A4 shape in miniature: Qwen3-Next-tiny (the qwen3_next rehearsal's model) on 2 nodes x 2 ranks with
+    expert parallelism over all 4 (EP=4: every rank's token dispatch waits for both nodes; its partner on the node
+    is in its group too). Node 1 is slowed from outside. Timed wall to wall up to the gradient reduction, node 0's
+    ranks waited in the dispatch for node 1's and read as slow: nothing was flagged. Their time in the collectives
+    is taken off: node 1 is flagged, with how much slower; the same run with no node slowed flags none."""
+    # With 2 nodes the gang's median is their mean: a node k times slower than the other reads 2k/(k+1) of it
+    # (under 2x). Node 1 gets 15% of a core for its 2 ranks, ~6x slower (the old clock read both nodes alike);
+    # flagged from 50% over the median (3x the other node).
+    shape = dict(nodes=2, ranks_per_node=2, threshold=0.5, model="qwen3-next-tiny",
+                 argv=["--ep", "4", "--global-batch-size", "4", "--train-iters", "12"])
+    result = _megatron_with_a_slow_node(tmp_path / "slow", standins, 1, 0.15, **shape)
+    out = capfd.readouterr().out
+    windows = _windows(result)
+    assert "ep 4 dp 4" in out and len(windows) == 3, out[-3000:]
+    assert [s.node.node for s in result.gang.stragglers] == [1], "\n".join(map(str, windows)) + out[-3000:]
+    node1 = next(n for n in result.gang.nodes if n.gang_rank == 1)
+    assert result.gang.stragglers[0].node.host == node1.host and result.gang.stragglers[0].slower_pct > 50
+    assert re.search(rf"a4ray: straggler: node 1 \({node1.host}, [\d.]+, \S+\) computes \d+% slower than the gang's "
+                     r"median \(\S+s vs \S+s per step\) for 2 window\(s\)", out)
+    # A slow rank waits least in the collectives: node 0's ranks wait for node 1's in the dispatch.
+    last = windows[-1]
+    assert min(last["waits"][:2]) > max(last["waits"][2:]) and max(last["seconds"][:2]) < min(last["seconds"][2:])
+
+    even = _megatron_with_a_slow_node(tmp_path / "even", standins, None, 0.15, **shape)
+    assert even.gang.stragglers == [] and "straggler:" not in capfd.readouterr().out, _windows(even)

@@ -16,8 +16,8 @@ config (`parse_args`) -> build (`setup`, `build`) -> `train`:
   backward pass itself), `optimizer.step()`, scheduler step by the global batch.
 * log: Megatron-LM's `training_log` iteration line, printed by the last rank, and every rank's own compute
   time per step over the interval (`programs/compute_time.py`: forward and backward, up to the gradient
-  reduction) for the gang's straggler check, and the TensorBoard scalars (`scalars.Scalars`, in
-  --tensorboard-dir); checkpoints every
+  reduction, less the time in their collectives) for the gang's straggler check, and the TensorBoard
+  scalars (`scalars.Scalars`, in --tensorboard-dir); checkpoints every
   --save-interval iterations and at the end (`checkpointing.save`, Megatron-LM's torch_dist layout); at
   the end one `A4RAY_RESULT {...}` record (trainer "megatron") from the last rank.
 """
@@ -311,7 +311,9 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
     totals: dict[str, float] = {}
     interval = {"time": 0.0, "iters": 0, "skipped": 0, "nan": 0}
     saved = None
-    compute = ComputeTimer(next(module.parameters()).device)  # each rank's own compute, for the straggler check
+    # each rank's own compute, for the straggler check: waiting in the collectives inside forward and backward
+    # (EP's token dispatch, TP, PP) is not its own
+    compute = ComputeTimer(next(module.parameters()).device).exclude_collectives()
     config.finalize_model_grads_func = compute.before(config.finalize_model_grads_func)
     scalars = Scalars.for_this_rank(tensorboard_dir(args), last_rank=is_last_rank())
     for iteration in range(start, args.train_iters):

@@ -1,16 +1,18 @@
 """Stragglers, on the driver's side: which node's ranks compute slower than the gang's, window after window.
 
 The Megatron trainer reports, once per logging window, every rank's median own compute time per step
-(`programs/compute_time.py`: forward and backward up to the gradient reduction, so waiting for others does
-not count). Here each node's time is the median of its ranks', the gang's the median of the nodes'; a node
-slower than the gang's by more than `observe.straggler.threshold` for `observe.straggler.windows` windows in a
-row is flagged: a progress line naming node, host and how much slower, the `a4ray_node_straggler` metric, and
-the launch's `stragglers` (so the run record and the node history). Every window sets every node's
-`a4ray_node_step_time_seconds` and `a4ray_node_straggler`, so their series exist from the first window; the
-straggler gauge stays 1 once a node is flagged, as the run record does (the step time shows any recovery).
+(`programs/compute_time.py`: forward and backward up to the gradient reduction, less the time inside their
+collectives, EP's token dispatch, TP's and PP's transfers: waiting for others does not count). Here each
+node's time is the median of its ranks', the gang's the median of the nodes' (of 2 nodes: their mean, so a
+node k times slower than the other reads 2k/(k+1) of it, under 2x); a node slower than the gang's by more
+than `observe.straggler.threshold` for `observe.straggler.windows` windows in a row is flagged: a progress
+line naming node, host and how much slower, the `a4ray_node_straggler` metric, and the launch's `stragglers`
+(so the run record and the node history). Every window sets every node's `a4ray_node_step_time_seconds` and
+`a4ray_node_straggler`, so their series exist from the first window; the straggler gauge stays 1 once a node
+is flagged, as the run record does (the step time shows any recovery).
 
 megatron-core's `StragglerDetector` (megatron.core.utils) does not fit: it times whole steps (waits
-included, so the slow rank looks fastest), needs CUDA events, and reports the min/max ranks, not a node.
+included, so the slow rank looks fastest), and reports the min/max ranks, not a node.
 
 Pai and ms-swift run Megatron-LM's own loop, which prints no per-rank compute time (its `--log-straggler`
 reports only min/max ranks of the whole step, waits included): the check is off for those trainers.
@@ -33,7 +35,8 @@ from a4ray.spec.resilience import StragglerSpec
 
 class ComputeWindow(BaseModel):
     iteration: int
-    seconds: list[float]  # by global rank
+    seconds: list[float]  # by global rank: own compute per step (the window's median)
+    waits: list[float] = []  # by global rank: time in the collectives inside forward and backward, not judged
 
     @classmethod
     def parse(cls, line: str) -> ComputeWindow | None:
