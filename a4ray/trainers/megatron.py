@@ -98,8 +98,8 @@ class MegatronTrain(Trainer):
         return Launch(argv=torchrun(node, ["-m", "a4ray.mcore", *self.trainer_args()]), nproc=node.gpus)
 
     def straggler_check(self) -> str:
-        return ("on: every rank's own compute per step (forward and backward, before the gradient reduction), "
-                "judged per logging window (observe.straggler)")
+        return ("on: every rank's own compute per step (forward and backward before the gradient reduction, less "
+                "their collectives), judged per logging window (observe.straggler)")
 
     def plan_lines(self) -> list[str]:
         m = self.spec.train.megatron
