@@ -5,7 +5,7 @@ The Megatron trainer reports, once per logging window, every rank's median own c
 collectives, EP's token dispatch, TP's and PP's transfers: waiting for others does not count). Here each
 node's time is the median of its ranks', the gang's the median of the nodes' (of 2 nodes: their mean, so a
 node k times slower than the other reads 2k/(k+1) of it, under 2x); a node slower than the gang's by more
-than `observe.straggler.threshold` for `observe.straggler.windows` windows in a row is flagged: a progress
+than `observe.straggler.threshold` (and by `min_slower_s`) for `observe.straggler.windows` windows in a row is flagged: a progress
 line naming node, host and how much slower, the `a4ray_node_straggler` metric, and the launch's `stragglers`
 (so the run record and the node history). Every window sets every node's `a4ray_node_step_time_seconds` and
 `a4ray_node_straggler`, so their series exist from the first window; the straggler gauge stays 1 once a node
@@ -72,7 +72,8 @@ class StragglerCheck:
             return self.flagged
         gang = statistics.median(known)
         for i, (node, t) in enumerate(zip(self.nodes, per_node)):
-            slow = t is not None and gang > 0 and t > gang * (1 + self.spec.threshold)
+            slow = (t is not None and gang > 0 and t > gang * (1 + self.spec.threshold)
+                    and t - gang >= self.spec.min_slower_s)
             self.slow_windows[i] = self.slow_windows[i] + 1 if slow else 0
             flagged = self.slow_windows[i] >= self.spec.windows
             if t is not None:

@@ -82,12 +82,16 @@ class RestartSpec(Spec):
 
 
 class StragglerSpec(Spec):
-    """A node whose ranks' own compute per step (forward and backward, before the gradient reduction) is
-    slower than the gang's median by more than `threshold` for `windows` logging windows in a row is flagged
-    a straggler (the Megatron trainer reports it; Pai's and ms-swift's loops do not)."""
+    """A node whose ranks' own compute per step (forward and backward up to the gradient reduction, less the
+    time in their collectives) is slower than the gang's median by more than `threshold`, and by at least
+    `min_slower_s`, for `windows` logging windows in a row is flagged a straggler (the Megatron trainer reports
+    it; Pai's and ms-swift's loops do not)."""
 
     enabled: bool = True
     threshold: Number = Field(0.15, gt=0, description="how much slower than the gang's median (0.15 = 15%)")
+    min_slower_s: NonNegativeSeconds = Field(
+        0.005, description="and by at least this much per step: a few ms of timer and launch jitter on a short step "
+        "(an even 2 x 2 GPU gang's 20 ms steps read 16% apart) is no straggler")
     windows: PositiveInt = Field(3, description="consecutive slow windows before a node is flagged")
 
 
