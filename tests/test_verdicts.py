@@ -170,8 +170,8 @@ def test_a_few_milliseconds_of_jitter_on_a_short_step_is_no_straggler():
 
     spec = StragglerSpec(windows=2)
     even = StragglerCheck(spec, NODES, [2, 2], ("job", "run-even"))
-    for i, seconds in enumerate(([0.0193, 0.0199, 0.0293, 0.0209], [0.0195, 0.0190, 0.0240, 0.0232])):
-        assert even.window(ComputeWindow(iteration=5 * (i + 1), seconds=seconds)) == []
+    for i in range(3):  # node 1: 0.02325 s against the gang's 0.02005 (16% above, 3.2 ms)
+        assert even.window(ComputeWindow(iteration=5 * (i + 1), seconds=[0.0170, 0.0171, 0.0232, 0.0233])) == []
     slowed = StragglerCheck(spec, NODES, [2, 2], ("job", "run-slowed"))
     flagged = [list(slowed.window(ComputeWindow(iteration=5 * (i + 1), seconds=[0.040, 0.041, 0.058, 0.059])))
                for i in range(2)]
