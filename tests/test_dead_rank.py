@@ -65,3 +65,21 @@ def test_a_rank_killed_beside_blocked_peers_ends_the_gang_naming_it(local_cluste
     assert recorded["ok"] is False and recorded["gang"]["failure"] == text
     assert_no_leftovers(gang.launch_id)
     assert not helpers(marker), [p.cmdline() for p in helpers(marker)]
+
+
+def test_a_sigkill_is_put_down_to_the_oom_killer_only_when_the_kernel_counted_one(tmp_path):
+    """The launcher reads its cgroup's memory.events (cgroup v2) at start and again when a rank dies of SIGKILL: only
+    a higher oom_kill count names the kernel's OOM killer; any other end, or no count, says nothing."""
+    from a4ray.runtime.ranks import OomKills
+
+    events = tmp_path / "memory.events"
+    events.write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n")
+    oom = OomKills()
+    oom.path = events
+    oom.start = oom.count()
+    assert oom.start == 1 and oom.why(-9) is None  # a SIGKILL from someone else
+    events.write_text("low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\noom_group_kill 0\n")
+    assert oom.why(-9) == f"the kernel's OOM killer (oom_kill 1 -> 2 in {events})"
+    assert oom.why(1) is None and oom.why(-15) is None
+    oom.path = None  # no cgroup v2 memory controller here: nothing to go on
+    assert oom.why(-9) is None
