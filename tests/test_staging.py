@@ -24,6 +24,7 @@ from a4ray.staging import stage
 from a4ray.staging.display import Display
 from a4ray.staging.layout import MANIFEST, ArtifactPaths, Manifest
 from a4ray.staging.service import get_service
+from a4ray.staging import stager
 from a4ray.staging.stager import unshared_error
 from tests.conftest import PYTHON, REPO
 from tests.localserver import LocalServer, Repo
@@ -392,3 +393,20 @@ def test_a_local_source_that_changed_is_staged_again(local_cluster, tmp_path):
     changed = stage(spec, display=QUIET)
     assert [r.artifacts[0].status for r in (first, again, changed)] == ["ran", "cached", "ran"]
     assert (published(changed, "model") / "weights.bin").read_bytes() == b"v2" * 1500
+
+
+def test_the_shared_storage_check_leaves_out_a_node_that_left_after_it_was_listed(local_cluster, tmp_path, monkeypatch):
+    """A node Ray still lists while it is going (a removed node is declared dead only after missed heartbeats) gets
+    no probe scheduled: the check asks the nodes that are there, and records no verdict for a node set it could not
+    check whole. Here the listed node that left is a node id no raylet has."""
+    from a4ray.spec.artifacts import StagingOptions
+
+    gone = {"NodeID": "ab" * 28, "Alive": True, "Resources": {"CPU": 1.0}, "Labels": {}}
+    listed = stager.storage_nodes(StagingOptions())
+    monkeypatch.setattr(stager, "storage_nodes", lambda options: [gone, *listed])
+    workspace = tmp_path / "ws"
+    (workspace / ".a4ray").mkdir(parents=True)
+    stager.check_shared(workspace, StagingOptions(), job_nodes=2)  # the session's nodes share this machine's disk
+    assert not list((workspace / ".a4ray").glob("shared-probe-*"))  # the probe file was removed
+    ids = sorted(n["NodeID"] for n in [gone, *listed])
+    assert ray.get(get_service().shared_ok.remote(str(workspace), ids)) is False

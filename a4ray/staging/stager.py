@@ -294,15 +294,28 @@ def check_shared(workspace: Path, options: StagingOptions, *, job_nodes: int) ->
     def on(node: dict):
         return _probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
 
-    writer, _ = ray.get(on(nodes[0]).remote(path, token, "write"), timeout=120)
+    def answer(ref):  # None: the node left the cluster after it was listed (Ray had not yet declared it dead)
+        try:
+            return ray.get(ref, timeout=120)
+        except ray.exceptions.TaskUnschedulableError:
+            return None
+
+    for first, node in enumerate(nodes):
+        wrote = answer(on(node).remote(path, token, "write"))
+        if wrote is not None:
+            break
+    else:
+        return  # no node left to ask
+    writer, others = wrote[0], nodes[first + 1:]
     try:
-        seen = ray.get([on(n).remote(path, token, "read") for n in nodes[1:]], timeout=120)
+        answers = [answer(ref) for ref in [on(n).remote(path, token, "read") for n in others]]
     finally:
-        ray.get(on(nodes[0]).remote(path, token, "remove"), timeout=120)
-    error = unshared_error(workspace, writer, seen, job_nodes)
+        answer(on(node).remote(path, token, "remove"))
+    error = unshared_error(workspace, writer, [a for a in answers if a is not None], job_nodes)
     if error:
         raise error
-    ray.get(service.mark_shared.remote(str(workspace), ids))
+    if all(a is not None for a in answers) and first == 0:  # every listed node answered: this node set is checked
+        ray.get(service.mark_shared.remote(str(workspace), ids))
 
 
 # ------------------------------------------------------------------------------------ dry run
