@@ -222,7 +222,8 @@ def _attempt_after_a_lost_node(tmp_path: Path, nodes: int, capfd):
     out.mkdir()
     script = tmp_path / "dies.py"
     script.write_text(ONE_ATTEMPT_DIES)
-    spec = job("command", f"cluster.nodes={nodes}", "cluster.gpus_per_node=1", "command.torchrun=true",
+    # The A4 shape in miniature: 2 ranks a node (each rank writes where it ran; node 1's ranks both name its file).
+    spec = job("command", f"cluster.nodes={nodes}", "cluster.gpus_per_node=2", "command.torchrun=true",
                f"command.argv=[{script}, {out}]", "restart.max_restarts=1", "restart.backoff_s=0", workspace=tmp_path)
     killer = threading.Thread(target=_kill_node_actor_of, args=(out / "attempt0-node1",), daemon=True)
     killer.start()
@@ -368,7 +369,7 @@ def _megatron_on_three_nodes(tmp_path: Path, standins: dict, slow_node: int | No
     # Flagged at 3x the gang's median: the throttled node reads 5-15x in every window, quiet or loaded; an even
     # gang's noisiest window on a loaded machine read 2.4x (and never two such windows in a row).
     return _megatron_with_a_slow_node(tmp_path, standins, slow_node, 0.1, nodes=3, ranks_per_node=1, threshold=2.0,
-                                      model="qwen3-moe-tiny", argv=["--global-batch-size", "12", "--train-iters", "24"])
+                                      model="qwen3-moe-tiny", argv=["--global-batch-size", "12", "--train-iters", "16"])
 
 
 def _megatron_with_a_slow_node(tmp_path: Path, standins: dict, slow_node: int | None, share: float, *, nodes: int,

@@ -77,7 +77,8 @@ def dash(tmp_path_factory):
         assert "STATUS SUCCEEDED" in api.stdout, api.stdout[-3000:] + api.stderr[-3000:]
         rehearsal = subprocess.run(
             [RAY, "job", "submit", "--address", address, "--working-dir", ".", "--", PYTHON, "-m",
-             "a4ray.qwen3_next", "--set", "train.iterations=12", "--set", "train.save_interval=12"],
+             "a4ray.qwen3_next", "--set", "train.iterations=12", "--set", "train.save_interval=12",
+             "--set", "convert.verify.enabled=false"],  # verification has tests of its own; this is what a person sees
             cwd=checkout, env=env, capture_output=True, text=True, timeout=900)
         out = rehearsal.stdout + rehearsal.stderr
         assert rehearsal.returncode == 0, out[-5000:]

@@ -201,8 +201,8 @@ def _no_flight_recorder_pipes_left(run_dir: Path) -> None:
 
 
 # A short rehearsal: a few iterations, no preflight (the doctor has its own tests), no verification.
-_SHORT = ["--skip", "preflight", "--set", "train.iterations=20", "--set", "train.warmup_iterations=1", "--set",
-          "train.save_interval=5", "--set", "observe.summary_every=1", "--set", "convert.verify.enabled=false"]
+_SHORT = ["--skip", "preflight", "--set", "train.iterations=12", "--set", "train.warmup_iterations=1", "--set",
+          "train.save_interval=4", "--set", "observe.summary_every=1", "--set", "convert.verify.enabled=false"]
 
 
 def test_local_nodes_4_cancelled_then_resumed_and_3_on_the_session_cluster(tmp_path, local_cluster, monkeypatch,
@@ -217,7 +217,7 @@ def test_local_nodes_4_cancelled_then_resumed_and_3_on_the_session_cluster(tmp_p
     seen = []
     for line in proc.stdout:
         seen.append(line)
-        if line.startswith("a4ray: progress: iteration 7/"):  # a checkpoint at 5 is saved
+        if line.startswith("a4ray: progress: iteration 6/"):  # a checkpoint at 4 is saved
             proc.send_signal(signal.SIGINT)
             break
     rest, _ = proc.communicate(timeout=300)
@@ -231,7 +231,7 @@ def test_local_nodes_4_cancelled_then_resumed_and_3_on_the_session_cluster(tmp_p
     steps = {s["name"]: s for s in json.loads(record.read_text())["steps"]}
     assert steps["train"]["status"] == "cancelled", steps["train"]
     reached = int(re.search(r"at iteration (\d+)", steps["train"]["detail"]).group(1))
-    assert 7 <= reached < 20 and f"a4ray: progress: iteration {reached}/20" in out  # the stream said it too
+    assert 6 <= reached < 12 and f"a4ray: progress: iteration {reached}/12" in out  # the stream said it too
     _no_flight_recorder_pipes_left(record.parent)
 
     again = subprocess.run([*cmd, "--result", "r4.json"], cwd=tmp_path, env=isolated_env(tmp_path),
@@ -240,7 +240,7 @@ def test_local_nodes_4_cancelled_then_resumed_and_3_on_the_session_cluster(tmp_p
     result = json.loads((tmp_path / "r4.json").read_text())
     assert [s["status"] for s in result["steps"]] == ["cached", "cached", "skipped", "ran"]
     train = result["steps"][3]["result"]
-    assert train["world_size"] == 4 and train["iterations"] == 20 and train["start_iteration"] >= 5
+    assert train["world_size"] == 4 and train["iterations"] == 12 and train["start_iteration"] >= 4
 
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
