@@ -43,8 +43,8 @@ NODE_SECRET = "a4ray-nodeSECRET-0123456789abcdef"
 
 # The longest modules first (their durations in CI's output), so that on xdist workers (`-n 2 --dist loadfile
 # --no-loadscope-reorder`) no long module starts last and runs alone; the rest keep their order.
-LONGEST_FIRST = ["test_pipeline", "test_culprits", "test_dashboard", "test_notebooks", "test_local_up", "test_convert",
-                 "test_gang", "test_api", "test_cli", "test_observe"]
+LONGEST_FIRST = ["test_culprits", "test_pipeline", "test_convert", "test_notebooks", "test_gang", "test_dashboard",
+                 "test_local_up", "test_api", "test_cli", "test_observe", "test_dead_rank"]
 
 
 def pytest_collection_modifyitems(items):
