@@ -50,16 +50,35 @@ def terminate_launch(pgid: int | None, launch_id: str | None, grace_s: float) ->
             proc.send_signal(signal.SIGTERM)
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    alive = _wait_gone(procs, grace_s)
     # Children may have been forked after the first scan; look once more before the hard kill.
-    alive = {p.pid: p for p in alive + launch_processes(pgid, launch_id)}.values()
+    alive = list({p.pid: p for p in alive + launch_processes(pgid, launch_id)}.values())
     for proc in alive:
         try:
             proc.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(list(alive), timeout=5)
+    _wait_gone(alive, 5)
     return len(procs)
+
+
+def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait up to `timeout_s` for `procs` to end; returns those still running. Never reaps: psutil's own wait
+    reaps a child of this process, and its Popen then reads the status as 0 (the launch stopped while it was
+    exiting with the failed rank's code reported "exited with code 0")."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        procs = [p for p in procs if _running(p)]
+        if not procs or time.monotonic() >= deadline:
+            return procs
+        time.sleep(0.05)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 class ManagedProcess:
