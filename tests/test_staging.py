@@ -332,6 +332,14 @@ def test_losing_the_staging_service_mid_download_resumes_with_a_new_one(local_cl
     assert ranges[0] is None and all(r and r.startswith("bytes=") for r in ranges[1:]), ranges
 
 
+def test_the_staging_service_lives_on_the_head_node(local_cluster):
+    """The node that lasts as long as the cluster: on a worker node, the service (and every staging in flight) would
+    go with that node. In CI it once landed on a test's extra node, which the test then removed."""
+    where = get_service().__ray_call__.remote(lambda service: ray.get_runtime_context().get_node_id())
+    head = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"]]
+    assert ray.get(where) in head
+
+
 def _wait_gone(pid: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

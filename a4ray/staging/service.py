@@ -148,8 +148,11 @@ def _failed(request: StageRequest, message: str) -> ArtifactOutcome:
 
 
 def get_service():
-    """The cluster's staging service, created by whichever driver asks first."""
+    """The cluster's staging service, created by whichever driver asks first. It lives on the head node, the one
+    node that lasts as long as the cluster (as Ray Train's state actor does): on a worker node it would go with that
+    node, and with it every staging in flight."""
     return ray.remote(StagingService).options(
         name=SERVICE_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-        num_cpus=0, max_concurrency=1000, max_restarts=0,
+        num_cpus=0, resources={"node:__internal_head__": 0.001}, scheduling_strategy="DEFAULT",
+        max_concurrency=1000, max_restarts=0,
     ).remote()

@@ -285,8 +285,7 @@ def check_shared(workspace: Path, options: StagingOptions, *, job_nodes: int) ->
 
     nodes = storage_nodes(options)
     ids = sorted(n["NodeID"] for n in nodes)
-    service = get_service()
-    if len(nodes) < 2 or ray.get(service.shared_ok.remote(str(workspace), ids)):
+    if len(nodes) < 2 or _remembered(lambda service: service.shared_ok.remote(str(workspace), ids)):
         return
     token = uuid.uuid4().hex
     path = str(workspace / ".a4ray" / f"shared-probe-{token}")
@@ -315,7 +314,16 @@ def check_shared(workspace: Path, options: StagingOptions, *, job_nodes: int) ->
     if error:
         raise error
     if all(a is not None for a in answers) and first == 0:  # every listed node answered: this node set is checked
-        ray.get(service.mark_shared.remote(str(workspace), ids))
+        _remembered(lambda service: service.mark_shared.remote(str(workspace), ids))
+
+
+def _remembered(call):
+    """Ask the staging service's memory of checked workspaces; a service that died meanwhile remembers nothing
+    (the check is then made again), it does not fail the staging."""
+    try:
+        return ray.get(call(get_service()))
+    except ACTOR_GONE:
+        return None
 
 
 # ------------------------------------------------------------------------------------ dry run
