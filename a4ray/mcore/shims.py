@@ -10,11 +10,14 @@ megatron-core lives here; each has its reason next to it:
   device before it copies tensors out (a CPU-only torch raises there).
 * `moe_utils.te_general_gemm = None`: mcore 0.16 names it in the router's forward without importing it
   when Transformer Engine is absent (NameError).
-* `torch.compile` off (`torch._dynamo.config.disable`): megatron-core wraps its small fused functions
-  (`megatron.core.jit.jit_fuser`: the gated DeltaNet's gated norm, SwiGLU, ...) in `torch.compile`. On the CPU
-  inductor then builds C++ kernels in every process at the first forward: 14 s of the rehearsal's first
-  iteration per rank (of 0.2 s for a later one), and again in the conversion's verifier. Uncompiled, the
-  same functions run eagerly: the same math. On GPUs they stay compiled, as megatron-core means them.
+* `torch.compile` off: megatron-core wraps its small fused functions (`megatron.core.jit.jit_fuser`: the gated
+  DeltaNet's gated norm, SwiGLU, ...) in `torch.compile`. On the CPU inductor then builds C++ kernels in every
+  process at the first forward: 14 s of the rehearsal's first iteration per rank (of 0.2 s for a later one), and
+  again in the conversion's verifier. Uncompiled, the same functions run eagerly: the same math. `torch.compile`
+  returns the function itself (`_eager_compile`) from before megatron-core is imported: its decorators then do
+  not import dynamo and inductor either (1 s of CPU in every process that imports megatron-core: 1.8 -> 0.8 s),
+  and `torch._dynamo.config.disable` covers a module imported before. On GPUs they stay compiled, as
+  megatron-core means them.
 * RNG tracker: dropout and expert init fork the CUDA RNG state (`get_cuda_rng_tracker().fork()`); on the
   CPU the fork does nothing (the tracker still records the seeds it was given, so a checkpoint carries
   non-empty `rng_tracker_states`, which Megatron-LM's loader insists on).
@@ -38,6 +41,12 @@ wherever neither TE nor apex is installed, i.e. on the CPU):
 * `DistributedOptimizer.state_dict()` asserts that the state holds exactly one step value, but torch's
   AdamW creates its state at the first step: a checkpoint cannot be loaded into a fresh optimizer.
   Before such a state_dict, the state is created as a fresh AdamW would (zero moments, step 0).
+
+Wherever it runs (`_sync_save_results`): a4ray's trainer saves checkpoints synchronously, so the torch_dist
+writer's results are put and taken in the rank's own process. megatron-core's default carrier is a queue of a
+multiprocessing Manager started with "spawn" at the first save (its async saves hand results across processes):
+a fresh interpreter per rank that imports the trainer again, 1.5-4 s of the first save on the CPU (0.2-0.4 s for
+a later one), and one more descendant of the rank. A plain `queue.Queue` carries them instead.
 
 Where FLA (flash-linear-attention) cannot run, on CPUs or on a GPU without it, Qwen3-Next's
 `GatedDeltaNet` runs megatron-core's own torch reference of the gated delta rule (`deterministic_mode`:
@@ -222,6 +231,15 @@ def _without_fla() -> None:
     owner.l2norm = l2norm
 
 
+def _sync_save_results() -> None:
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def _resolve(path: str):
     module, _, attr = path.rpartition(".")
     try:
@@ -230,10 +248,18 @@ def _resolve(path: str):
         return getattr(importlib.import_module(module), attr)
 
 
+def _eager_compile(model=None, **options):
+    """`torch.compile` where nothing is compiled: the function itself, as a decorator with or without options."""
+    return model if model is not None else (lambda fn: fn)
+
+
 def apply() -> bool:
     """Patch megatron-core for the CPU (once per process); False where CUDA is available."""
     global _applied
+    if needed():
+        torch.compile = _eager_compile  # first: megatron-core's imports below decorate with it
     _fix_torch_adam_steps()
+    _sync_save_results()
     _without_fla()
     if not needed():
         return False
@@ -245,7 +271,8 @@ def apply() -> bool:
     warnings.filterwarnings("ignore", module=r"megatron\.")
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda device=None: None  # dist_checkpointing's writer syncs before copying
-    importlib.import_module("torch._dynamo.config").disable = True  # mcore's jit_fuser: eager on the CPU
+    if "torch._dynamo" in sys.modules:  # something compiled before apply(): it runs eagerly too
+        sys.modules["torch._dynamo"].config.disable = True
 
     from megatron.core.tensor_parallel import random as mcore_random
     from megatron.core.transformer.moe import moe_utils
