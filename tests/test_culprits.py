@@ -128,7 +128,8 @@ def _hang_with_frozen_ranks(tmp_path: Path, freeze: list[int], *sets: str):
     script.write_text(STUCK_AND_FROZEN.format(freeze=set(freeze)))
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", f"command.argv=[{script}]",
                "command.torchrun=true", "observe.watchdog.no_progress_s=4", "restart.max_restarts=1",
-               "restart.backoff_s=0", "cluster.stop_grace_s=1", *sets, workspace=tmp_path)
+               "restart.backoff_s=0", "cluster.stop_grace_s=1", "observe.watchdog.record_timeout_s=3", *sets,
+               workspace=tmp_path)
     result = run(spec)
     assert result.ok and result.gang.attempt == 1, result.verdict
     run_dir = Path(result.gang.log_dir).parent
@@ -183,7 +184,7 @@ def test_a_hang_no_evidence_decides_is_undetermined_and_blames_no_node(local_clu
     assert verdict.undetermined and verdict.culprits == [] and verdict.waiting == [0, 2], verdict
     assert [(c.rank, c.node.node) for c in verdict.candidates] == [(1, 0), (3, 1)]
     for candidate in verdict.candidates:
-        assert candidate.why == ("no flight record: timed out (its flight-record server did not answer in 10s); "
+        assert candidate.why == ("no flight record: timed out (its flight-record server did not answer in 3s); "
                                  "no stack"), candidate
     assert verdict.evidence == ["flight recorder of rank(s) 0, 2"]
     assert re.search(r"hang verdict: undetermined: ranks 0, 2 wait in gloo:all_reduce #4 of process group default"
@@ -438,7 +439,7 @@ def test_a_wedged_rank_of_the_megatron_trainer_is_named_from_the_others_records_
     node 1; the node history records the culprit."""
     save = tmp_path / "save"
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", "command.torchrun=true", "command.argv=[x]",
-               "observe.watchdog.no_progress_s=5", workspace=tmp_path)
+               "observe.watchdog.no_progress_s=5", "observe.watchdog.record_timeout_s=3", workspace=tmp_path)
     spec = spec.set("command.argv", [
         "-m", "a4ray.mcore", "--model", str(standins["qwen3-moe-tiny"]), "--save", str(save), "--data-path",
         str(standins["qwen-datasets"] / "mmap_qwen3_datasets_text_document"), "--seq-length", "32",

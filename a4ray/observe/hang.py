@@ -119,16 +119,17 @@ class Watchdog:
 
 
 def report(why: str, actors: list, nodes: list[NodeRef], nproc: list[int], report_dir: Path, *, py_spy: bool,
-           flight_recorder: bool) -> tuple[str, HangVerdict]:
+           flight_recorder: bool, record_timeout_s: float = 10) -> tuple[str, HangVerdict]:
     """Every rank's flight record and stack dump on every node, and what each node's NCCL RAS says (`actors`: the
     launch's node actors; `nodes`: who they are; `nproc`: each one's ranks), the stacks written to `report_dir`
     with `summary.txt`; returns the one-line stack summary and the verdict."""
     say(f"hang detected: {why}; collecting the flight records and stacks of every rank")
     report_dir.mkdir(parents=True, exist_ok=True)
-    # Asked of every node at once: each answer is bounded on its node (RAS ~3 s, records ~10 s, py-spy 30 s).
+    # Asked of every node at once: each answer is bounded on its node (RAS ~3 s, records `record_timeout_s`, py-spy
+    # 30 s).
     asked = {"ras": [a.ras_status.remote() for a in actors]}
     if flight_recorder:
-        asked["records"] = [a.flight_records.remote() for a in actors]
+        asked["records"] = [a.flight_records.remote(record_timeout_s) for a in actors]
     if py_spy:
         asked["stacks"] = [a.stacks.remote() for a in actors]
     ray.wait([ref for refs in asked.values() for ref in refs], num_returns=sum(map(len, asked.values())),

@@ -163,7 +163,7 @@ class Supervisor:
         metrics.record_hang(*self.tags)
         w = self.observe.watchdog
         summary, verdict = hang.report(why, self.actors, self.nodes, self.nproc, self.hang_dir, py_spy=w.py_spy,
-                                       flight_recorder=w.flight_recorder)
+                                       flight_recorder=w.flight_recorder, record_timeout_s=w.record_timeout_s)
         for culprit in {c.node.node: c for c in verdict.culprits}.values():
             metrics.record_culprit(*self.tags, culprit.node)
         out = self.outcome

@@ -45,6 +45,8 @@ class WatchdogSpec(Spec):
     py_spy: bool = Field(True, description="dump the Python stacks of every rank on a hang")
     flight_recorder: bool = Field(
         True, description="keep PyTorch's NCCL flight recorder on (TORCH_FR_BUFFER_SIZE) and dump it on a hang")
+    record_timeout_s: Seconds = Field(10, description="on a hang, how long each rank's flight record is waited for "
+                                      "(a rank that is frozen or stuck in its teardown never sends one)")
 
     def rule(self) -> str:
         """The rule in words, for the plan."""
