@@ -86,3 +86,24 @@ def test_sigterm_ends_every_rank():
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
+
+
+def test_a_stop_while_the_node_exits_keeps_the_failed_ranks_code():
+    """The gang stops every node on a launcher's report, its own too: the SIGTERM can land while the launcher is
+    exiting with the failed rank's code, after Python has put back SIGTERM's default action. The code stays the
+    rank's (CI once recorded the node 'exited with code -15')."""
+    port = free_port()
+    proc = subprocess.Popen(launcher("a4ray", 0, 1, 2, port, "--fail-rank=1", "--code=7"), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "Root Cause" in line:
+            break
+    while proc.poll() is None:  # as the node actor's stop would, at any moment of the exit
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            break
+        time.sleep(0.0005)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 7

@@ -310,7 +310,13 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, node.on_signal)
     signal.signal(signal.SIGINT, node.on_signal)
     node.start()
-    return node.wait()
+    code = node.wait()
+    # The node's exit code is its first failed rank's: a stop that comes while this process exits (the gang is
+    # stopped on its report) must not end it by SIGTERM. Python restores the default action of the signals it
+    # handles when it finalizes, but leaves an ignored signal ignored.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code
 
 
 if __name__ == "__main__":
