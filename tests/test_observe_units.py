@@ -69,6 +69,24 @@ def test_where_and_summary():
                                 "rank 5 in load_batch (worker.py:12); rank 9 in unknown (py-spy dump timed out after 30s)")
 
 
+# megatron-core's gradient reduction waits for its buckets' coalesced all-reduce in C++ (work.wait()) as
+# torch's `_coalescing_manager` exits: the innermost Python frame. Seen on a rank frozen mid-collective in CI.
+PY_SPY_COALESCED = """Process 4244: python -m a4ray.mcore
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4244 (idle): "MainThread"
+    _coalescing_manager (torch/distributed/distributed_c10d.py:2935)
+    __exit__ (contextlib.py:144)
+    start_grad_sync (megatron/core/distributed/param_and_grad_buffer.py:512)
+    train_step (/work/a4ray/mcore/training.py:252)
+"""
+
+
+def test_a_coalesced_collective_is_a_collective():
+    dump = StackDump(rank="3", node=1, pid=4244, where=where(PY_SPY_COALESCED))
+    assert dump.where == "_coalescing_manager (distributed_c10d.py:2935)" and dump.in_collective
+
+
 def failed(kind="failed", code=1, lines=(), iterations=0) -> GangResult:
     node = NodeResult(rank=1, gang_rank=1, hostname="h", ip="1.1.1.1", node_id="x", location="", status="failed",
                       exit_code=code, last_lines=list(lines))

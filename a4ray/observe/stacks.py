@@ -17,11 +17,14 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel
 
-# Innermost frames that say what a rank waits for.
+# Innermost frames that say what a rank waits for. `_coalescing_manager` waits for a coalesced collective (the
+# gradient reduction of megatron-core's DDP, its buckets' all-reduces) in its exit, in C++ (`work.wait()`): no
+# Python frame of the collective is left on the stack.
 _COLLECTIVES = {
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
     "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier",
     "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv", "reduce", "gather", "scatter",
+    "all_reduce_coalesced", "all_gather_coalesced", "batch_isend_irecv", "_coalescing_manager",
     "wait", "synchronize", "_wait_for_workers",
 }
 _FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
