@@ -119,7 +119,7 @@ class Watchdog:
 
 
 def report(why: str, actors: list, nodes: list[NodeRef], nproc: list[int], report_dir: Path, *, py_spy: bool,
-           flight_recorder: bool, record_timeout_s: float = 10) -> tuple[str, HangVerdict]:
+           flight_recorder: bool, record_timeout_s: float) -> tuple[str, HangVerdict]:
     """Every rank's flight record and stack dump on every node, and what each node's NCCL RAS says (`actors`: the
     launch's node actors; `nodes`: who they are; `nproc`: each one's ranks), the stacks written to `report_dir`
     with `summary.txt`; returns the one-line stack summary and the verdict."""

@@ -502,7 +502,7 @@ class NodeActor:
         node = self._request.node_rank
         return dump_all([(rank, node, pid) for rank, pid in self.rank_processes()], timeout_s)
 
-    def flight_records(self, timeout_s: float = 10) -> dict[int, dict | flight.NoRecord]:
+    def flight_records(self, timeout_s: float) -> dict[int, dict | flight.NoRecord]:
         """Every rank's flight record on this node (global rank -> the record, or why there is none: no pipe,
         timed out, process gone, in teardown), each kept in `<log dir>/flight-recorder/`: every rank is asked at
         once (NCCL's debug pipe, a4ray's worker servers) and waited for until `timeout_s` (`flight.collect`)."""
