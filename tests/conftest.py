@@ -41,10 +41,14 @@ SESSION_GPUS = 2
 NODE_SECRET = "a4ray-nodeSECRET-0123456789abcdef"
 
 
-# The longest modules first (their durations in CI's output), so that on xdist workers (`-n 2 --dist loadfile
-# --no-loadscope-reorder`) no long module starts last and runs alone; the rest keep their order.
-LONGEST_FIRST = ["test_culprits", "test_pipeline", "test_convert", "test_notebooks", "test_gang", "test_dashboard",
-                 "test_local_up", "test_api", "test_cli", "test_observe", "test_dead_rank"]
+# The longest modules first, longest to shortest (their durations in a `make test` run), so that on xdist workers
+# (`-n 2 --dist loadfile --no-loadscope-reorder`) no long module starts last and runs alone: the suite ends on the
+# modules of a few seconds, and both workers finish within seconds of each other. The rest keep their order.
+LONGEST_FIRST = ["test_culprits", "test_pipeline", "test_notebooks", "test_local_up", "test_dashboard",
+                 "test_convert", "test_gang", "test_api", "test_cli", "test_observe", "test_nccl_test",
+                 "test_swift_contract", "test_deepep", "test_staging", "test_mpi", "test_k8s_client",
+                 "test_stream_rules", "test_ranks", "test_doctor", "test_dead_rank", "test_chaos", "test_bad_input",
+                 "test_upstream_contracts"]
 
 
 def pytest_collection_modifyitems(items):

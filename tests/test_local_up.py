@@ -80,26 +80,26 @@ def test_a_submitted_job_finds_the_python_a4ray_runs_in(up):
     assert f"python: {os.path.dirname(sys.executable)}/" in done.stdout
 
 
-def _stage_directly(checkout: Path) -> str:
-    """`a4ray stage -f jobs/qwen3_next_local.yaml` on an embedded cluster (its own RAY_TMPDIR: it does not find
-    the local one)."""
-    direct = subprocess.run([PYTHON, "-m", "a4ray.stage", "-f", "jobs/qwen3_next_local.yaml"], cwd=checkout,
-                            env=isolated_env(checkout), capture_output=True, text=True, timeout=600)
+@pytest.fixture(scope="module")
+def staged_directly(up) -> str:
+    """`a4ray stage -f jobs/qwen3_next_local.yaml` on the module's fresh checkout, once, on an embedded cluster
+    (its own RAY_TMPDIR: it does not find the local one); what it printed."""
+    direct = subprocess.run([PYTHON, "-m", "a4ray.stage", "-f", "jobs/qwen3_next_local.yaml"], cwd=up.root,
+                            env=isolated_env(up.root), capture_output=True, text=True, timeout=600)
     assert direct.returncode == 0, direct.stdout[-3000:] + direct.stderr[-3000:]
     return direct.stdout
 
 
-def test_stage_on_a_fresh_checkout_makes_the_standins_it_stages(up):
-    out = _stage_directly(up.root)  # no stand-ins there yet
-    assert "stand-ins in" in out and "3 artifact(s) (3 ran)" in out
+def test_stage_on_a_fresh_checkout_makes_the_standins_it_stages(staged_directly):
+    assert "stand-ins in" in staged_directly and "3 artifact(s) (3 ran)" in staged_directly  # none there before
 
 
-def test_the_rehearsal_staged_directly_then_submitted_is_a_cache_hit(up):
+def test_the_rehearsal_staged_directly_then_submitted_is_a_cache_hit(up, staged_directly):
     checkout = up.root
+    # The stand-ins made again by hand are the same: kept as they are, so what was staged stays current.
     made = subprocess.run([PYTHON, "-m", "a4ray.cli", "standins", "--out", ".a4ray/standins"], cwd=checkout,
                           env=up.env, capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stderr
-    _stage_directly(checkout)
     # The same inputs, submitted as a Ray job: its driver runs in a copy of the working dir.
     submitted = _submit(up, PYTHON, "-m", "a4ray.qwen3_next", "-f", "jobs/qwen3_next_local.yaml",
                         "--skip", "preflight,train")
