@@ -40,6 +40,9 @@ def test_what_an_a4ray_task_prints_follows_the_stream_rules(local_cluster, tmp_p
         if time.monotonic() > deadline:
             pytest.fail(f"Ray never forwarded the task's own marker line: {forwarded[-2000:]}")
         time.sleep(0.2)
+    # Ray's own processes may speak meanwhile (the session cluster's raylet, of a node another test removed, in
+    # colours and "[repeated 2x across cluster]"): what the task printed is judged.
+    forwarded = "\n".join(line for line in forwarded.splitlines() if "(raylet" not in line)
     assert DEPRECATED not in forwarded and "GPTModel" not in forwarded and "comparing logits" not in forwarded
     assert "fd 2" not in forwarded and "\x1b[32m" not in forwarded, forwarded
 
