@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
+from conftest import free_port
+
 from a4ray.observe.progress import parse_progress, progress_summary
-from a4ray.observe.stacks import StackDump, summarize, where
+from a4ray.observe.stacks import StackDump, dump, summarize, where
 from a4ray.observe.verdicts import NodeRef, Straggler
 from a4ray.runtime.launch import GangResult, NodeResult
 from a4ray.runtime.restart import blamed_nodes, keep_off, should_retry
@@ -69,22 +76,42 @@ def test_where_and_summary():
                                 "rank 5 in load_batch (worker.py:12); rank 9 in unknown (py-spy dump timed out after 30s)")
 
 
-# megatron-core's gradient reduction waits for its buckets' coalesced all-reduce in C++ (work.wait()) as
-# torch's `_coalescing_manager` exits: the innermost Python frame. Seen on a rank frozen mid-collective in CI.
-PY_SPY_COALESCED = """Process 4244: python -m a4ray.mcore
-Python v3.11.7 (/usr/bin/python3.11)
-
-Thread 4244 (idle): "MainThread"
-    _coalescing_manager (torch/distributed/distributed_c10d.py:2935)
-    __exit__ (contextlib.py:144)
-    start_grad_sync (megatron/core/distributed/param_and_grad_buffer.py:512)
-    train_step (/work/a4ray/mcore/training.py:252)
+# A rank in a coalesced collective whose peer never joins (rank 1 sleeps): megatron-core's gradient reduction waits
+# for its buckets' all-reduces so, in C++ (work.wait()) as torch's `_coalescing_manager` exits, the innermost Python
+# frame. Seen on a rank frozen mid-collective in CI.
+COALESCED = """
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    time.sleep(3600)
+print("coalescing", flush=True)
+with dist._coalescing_manager(async_ops=False):
+    dist.all_reduce(torch.ones(4))
+    dist.all_reduce(torch.ones(8))
 """
 
 
-def test_a_coalesced_collective_is_a_collective():
-    dump = StackDump(rank="3", node=1, pid=4244, where=where(PY_SPY_COALESCED))
-    assert dump.where == "_coalescing_manager (distributed_c10d.py:2935)" and dump.in_collective
+def test_a_rank_waiting_in_a_coalesced_collective_is_in_a_collective():
+    """Real gloo ranks and a real py-spy dump of the waiting one."""
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", COALESCED], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": port}) for r in range(2)]
+    try:
+        assert procs[0].stdout is not None and procs[0].stdout.readline().strip() == "coalescing"
+        deadline = time.monotonic() + 30
+        while True:  # the event: py-spy sees it inside the coalescing manager (it waits there until killed)
+            text, error = dump(procs[0].pid)
+            if "_coalescing_manager" in text or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        dumped = StackDump(rank="0", node=0, pid=procs[0].pid, where=where(text))
+        assert dumped.where.startswith("_coalescing_manager (distributed_c10d.py:") and dumped.in_collective, \
+            (text, error)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 def failed(kind="failed", code=1, lines=(), iterations=0) -> GangResult:
