@@ -35,7 +35,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
+
+from a4ray.core import ports  # noqa: E402
 
 PROGRAM = HERE / "ddp_trivial.py"
 GOAL_VS_TORCHRUN = 1.1
@@ -94,18 +95,12 @@ class Report:
 
 
 # ------------------------------------------------------------------------------------------ (a)
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bare_torchrun(nodes: int, logs: Path) -> dict:
     """N torchrun agents, one per simulated node, rendezvous on 127.0.0.1; each one's output to a file."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     logs.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    port = _free_port()
+    port = ports.free_port("127.0.0.1")
     procs = []
     for i in range(nodes):
         with open(logs / f"node-{i:02d}.log", "w") as out:

@@ -171,15 +171,14 @@ def dead_rank(stamped: Stamped, work: Path, step_s: float, gpus: int) -> dict[st
 
 def dead_rank_torchrun(work: Path, step_s: float, gpus: int, cap_s: float) -> dict[str, float]:
     """The same program and kill under bare torchrun: one agent per node, static rendezvous, no restarts."""
-    import socket
     import subprocess
+
+    from a4ray.core import ports
 
     work.mkdir(parents=True, exist_ok=True)
     script = work / "trainer.py"
     script.write_text(TRAINER)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = ports.free_port("127.0.0.1")
     agents = []
     for node in range(2):
         env = {**os.environ, "A4RAY_BENCH": "torchrun"}

@@ -18,7 +18,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import psutil
 import pytest
 import ray
 
+from a4ray.core import ports
 from a4ray.runtime.connect import NAMESPACE
 from a4ray.runtime.simulated import SimulatedCluster
 from a4ray.spec import load_job
@@ -207,9 +207,9 @@ def fresh_checkout(tmp_path_factory) -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """a4ray's own chooser: below the ephemeral range, where a Ray process's outgoing connection can't take it
+    between the test choosing it and its listener binding it (a suite run lost ms-swift's rendezvous so)."""
+    return ports.free_port("127.0.0.1")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from a4ray.k8s import client as kc
 from a4ray.k8s.render import render_cluster, render_job
 from a4ray.k8s.validate import bundled_schema
 from a4ray.spec import load_job
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = "kuberay.image=us-docker.pkg.dev/p/r/a4ray:25.12-ray2.60.0"
@@ -212,17 +213,11 @@ def test_the_token_comes_from_the_clusters_secret_and_is_redacted():
 # ------------------------------------------------------------------ a real Ray head with token auth
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def authed_head():
     """`ray start --head` with RAY_AUTH_MODE=token, as KubeRay starts a head with authOptions."""
     token = "a4ray-test-" + os.urandom(12).hex()
-    port = _free_port()
+    port = free_port()
     tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY_TMPDIR=tmp, HOME=tmp)

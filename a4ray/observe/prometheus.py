@@ -14,12 +14,12 @@ dashboard JSON in kuberay/ (`NO_GRAFANA`).
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
+from a4ray.core import ports
 from a4ray.core.errors import A4RayError
 
 SERVICE_DISCOVERY_FILE = "prom_metrics_service_discovery.json"  # Ray's name, in its session directory
@@ -42,18 +42,12 @@ def installed() -> str | None:
     return shutil.which("prometheus")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LocalPrometheus:
     """Prometheus for one local cluster: its port chosen before the head starts (`head_env`), started on the
     head's session directory (`start`), stopped with the cluster (`stop`)."""
 
     def __init__(self, port: int | None = None, scrape_interval_s: int = SCRAPE_INTERVAL_S):
-        self.port = port or _free_port()
+        self.port = port or ports.free_port("127.0.0.1")
         self.scrape_interval_s = scrape_interval_s
         self.process: subprocess.Popen | None = None
         self.log: Path | None = None

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from a4ray.core import ports
 from a4ray.core.errors import EnvScriptFailed
 from a4ray.core.redact import Redactor, secret_values
 from a4ray.observe import flight, metrics, ras
@@ -217,18 +218,9 @@ class NodeActor:
     def alive(self) -> bool:
         return True
 
-    def free_port(self, low: int = 20000, high: int = 32000) -> int:
+    def free_port(self) -> int:
         """A port free on this node, chosen below the ephemeral range so the kernel won't hand it out."""
-        import random
-
-        for port in random.sample(range(low, high), 200):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                try:
-                    s.bind(("", port))
-                    return port
-                except OSError:
-                    continue
-        raise RuntimeError(f"no free port in {low}-{high} on {socket.gethostname()}")
+        return ports.free_port()
 
     def executables(self, names: list[str]) -> dict[str, str | None]:
         """Each name resolved on this node: an absolute path if executable, else found on PATH, else None."""

@@ -21,12 +21,12 @@ import contextlib
 import fcntl
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from a4ray.core import ports
 from a4ray.core.console import say, warn
 from a4ray.core.errors import SpecError
 from a4ray.observe.prometheus import LocalPrometheus
@@ -113,21 +113,6 @@ def physical_gpu_ids() -> list[str]:
     except (subprocess.SubprocessError, OSError):
         return []
     return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-        return True
 
 
 def _python_first() -> dict[str, str]:
@@ -254,12 +239,12 @@ class SimulatedCluster:
         where = {} if self.host == "0.0.0.0" else {"node_ip_address": self.host}
         head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard, dashboard_host=self.host,
                     env_vars={LOCAL_ROOT_ENV: self.root, **_python_first()},
-                    object_store_memory=128 * 2**20, dashboard_agent_listen_port=_free_port(),
+                    object_store_memory=128 * 2**20, dashboard_agent_listen_port=ports.free_port(),
                     labels={SIMULATED_LABEL: "true"}, node_name="head", **where)
         if self.client_port:
             head["ray_client_server_port"] = self.client_port
         if self.dashboard:  # Ray's usual port where it is free: another cluster on this machine may hold it
-            head["dashboard_port"] = self.dashboard_port or (DASHBOARD_PORT if _port_free(DASHBOARD_PORT) else _free_port())
+            head["dashboard_port"] = self.dashboard_port or (DASHBOARD_PORT if ports.is_free(DASHBOARD_PORT) else ports.free_port())
         self._tmp_root = tempfile.mkdtemp(prefix="a4ray-sim-")
         if self.loopback_ips:
             self._loopback = LoopbackBlock()
