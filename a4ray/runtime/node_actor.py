@@ -535,7 +535,7 @@ def _node_gpus() -> list[str]:
     """This node's GPUs as nvidia-smi numbers them (Ray's ids are the machine's indices)."""
     import ray
 
-    return sorted({str(g) for g in ray.get_gpu_ids()}, key=lambda g: (len(g), g))
+    return gpu_order(ray.get_gpu_ids())
 
 
 def gpu_memory_freed(gpus: list[str], below_mb: int = GPU_FREE_MB, bound_s: float = GPU_FREE_WAIT_S) -> str | None:
