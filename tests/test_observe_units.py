@@ -490,12 +490,15 @@ def test_a_ranks_own_process_is_the_one_whose_parent_does_not_carry_its_rank():
     import subprocess
     import sys
 
-    from a4ray.observe.flight import rank_pids
+    from a4ray.observe.flight import rank_labels, rank_pids
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         assert rank_pids([("5", child.pid), ("5", os.getpid()), ("n0:pid1", 1)]) == {5: os.getpid()}
         assert rank_pids([("5", child.pid), ("6", os.getpid())]) == {5: child.pid, 6: os.getpid()}
+        # Its stack too: the helper's dump is labelled apart, never read as rank 5's.
+        assert rank_labels([("5", child.pid), ("5", os.getpid()), ("n0:pid1", 1)]) == [
+            (f"r5:pid{child.pid}", child.pid), ("5", os.getpid()), ("n0:pid1", 1)]
     finally:
         child.kill()
         child.wait()

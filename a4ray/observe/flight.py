@@ -76,19 +76,32 @@ def read_dump(path: Path) -> dict:
         return pickle.load(f)
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
+
+
 def rank_pids(processes: list[tuple[str, int]]) -> dict[int, int]:
     """Each global rank's own process, from (RANK, pid) of a launch's processes: a rank's data-loader workers and
     helpers inherit its RANK, and the rank is the one whose parent does not carry the same."""
     by_pid = {pid: rank for rank, pid in processes if rank.isdigit()}
     own: dict[int, int] = {}
     for pid, rank in sorted(by_pid.items()):
-        try:
-            parent = psutil.Process(pid).ppid()
-        except psutil.Error:
-            continue
-        if by_pid.get(parent) != rank:
+        parent = _parent(pid)
+        if parent is not None and by_pid.get(parent) != rank:
             own.setdefault(int(rank), pid)
     return own
+
+
+def rank_labels(processes: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """(label, pid) of a launch's processes for their stacks: a rank's own process keeps its RANK; a helper that
+    inherited it from its parent (a data-loader worker) is `r<rank>:pid<pid>`, so its stack is never read as the
+    rank's (a worker waiting on its queue while its rank waits in a collective would name an innocent rank)."""
+    by_pid = {pid: rank for rank, pid in processes}
+    return [(f"r{rank}:pid{pid}" if rank.isdigit() and by_pid.get(_parent(pid)) == rank else rank, pid)
+            for rank, pid in processes]
 
 
 NoRecordReason = Literal["no pipe", "no server", "timed out", "process gone", "in teardown", "no answer from its node"]

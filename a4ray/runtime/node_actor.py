@@ -488,11 +488,11 @@ class NodeActor:
         return sorted(ranked, key=lambda rp: int(rp[0])) if ranked else python
 
     def stacks(self, timeout_s: float = 30) -> list[StackDump]:
-        """py-spy dumps of every rank process of the launch."""
+        """py-spy dumps of every rank process of the launch, and of its helpers (labelled apart)."""
         if self._request is None:
             return []
         node = self._request.node_rank
-        return dump_all([(rank, node, pid) for rank, pid in self.rank_processes()], timeout_s)
+        return dump_all([(label, node, pid) for label, pid in flight.rank_labels(self.rank_processes())], timeout_s)
 
     def flight_records(self, timeout_s: float) -> dict[int, dict | flight.NoRecord]:
         """Every rank's flight record on this node (global rank -> the record, or why there is none: no pipe,
