@@ -481,7 +481,7 @@ def test_every_rank_of_a_node_is_asked_through_its_nccl_pipe_and_each_missing_re
     assert why[4].detail.startswith("no dump 2s after its debug pipe was written (its heartbeat thread reads it every "
                                     "100 ms while TORCH_NCCL_DUMP_ON_TIMEOUT is on)")
     assert [r for r, w in why.items() if w.evidence] == [3]
-    assert 2 <= took < 4, took  # waited for rank 4, bounded
+    assert 2 <= took < 10, took  # waited for rank 4, bounded (not forever; the slack is a loaded machine's)
 
 
 def test_a_ranks_own_process_is_the_one_whose_parent_does_not_carry_its_rank():
