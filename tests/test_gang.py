@@ -106,7 +106,7 @@ def test_a_gang_that_can_never_be_placed_fails_at_once_where_nothing_can_add_nod
     t0 = time.monotonic()
     with pytest.raises(GangUnplaceable) as e:
         Gang(spec, log_dir="/tmp").start()
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 60  # not the 120 s start timeout (the slack is a loaded machine's)
     text = str(e.value)
     assert "needs 5 node(s) with resource 'a4-highgpu-8g' and 2 GPU(s) each" in text
     assert "the cluster has 3 such node(s)" in text and "nothing can add nodes" in text
