@@ -12,8 +12,13 @@ from a4ray.workloads.doctor import PROBE_DIR, Doctor
 pytestmark = pytest.mark.slow
 
 
+# The floor of the local profiles (jobs/*_local.yaml): these runs write nothing, and the default of 20 GiB held to
+# the machine's own disk failed a run here with 16.8 GiB free (the disk check's rule is tested on its own below).
+SMALL_DISK = "doctor.min_free_disk_gb=1"
+
+
 def test_doctor_on_simulated_nodes(local_cluster, tmp_path):
-    spec = job("ddp_test", "cluster.nodes=3", "cluster.gpus_per_node=2", workspace=tmp_path)
+    spec = job("ddp_test", "cluster.nodes=3", "cluster.gpus_per_node=2", SMALL_DISK, workspace=tmp_path)
     result = run(spec, job=Doctor(spec))
     assert result.ok, result.table()
     by = {(c.node, c.name): c for c in result.checks}
@@ -33,7 +38,8 @@ def test_doctor_names_the_node_that_cannot_write_the_workspace(local_cluster, tm
     # The nodes share this machine's disk; block the path only node sim-host-001 writes its probe under.
     (tmp_path / PROBE_DIR).mkdir()
     (tmp_path / PROBE_DIR / "sim-host-001").write_text("not a directory")
-    spec = job("ddp_test", "cluster.nodes=3", "cluster.gpus_per_node=2", "doctor.network=false", workspace=tmp_path)
+    spec = job("ddp_test", "cluster.nodes=3", "cluster.gpus_per_node=2", "doctor.network=false", SMALL_DISK,
+               workspace=tmp_path)
     result = run(spec, job=Doctor(spec))
     assert not result.ok
     [failure] = result.failures
