@@ -34,7 +34,9 @@ from a4ray.workloads.generic import Command
 
 pytestmark = pytest.mark.slow
 
-# Rank 3 (node 1's second rank) never enters the 4th all-reduce: it sits in its "data loader".
+# Rank 3 (node 1's second rank) never enters the 4th all-reduce: it sits in its "data loader". Rank 1 has a real
+# torch data-loader worker (forked: it inherits RANK) that waits in its dataset the whole run, outside any
+# collective, while rank 1 itself waits in the all-reduce: its stack must not be read as rank 1's.
 STUCK_AT_4TH = """
 import os, time, torch, torch.distributed as dist
 {init}
@@ -44,6 +46,16 @@ def load_batch(it):
     if rank == 3 and it == 4:
         time.sleep(3600)
     return torch.ones(4)
+
+class Prefetched(torch.utils.data.Dataset):
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        time.sleep(3600)
+
+if rank == 1:
+    worker = iter(torch.utils.data.DataLoader(Prefetched(), num_workers=1))  # its worker starts fetching now
 
 for it in range(1, 100):
     batch = load_batch(it)
@@ -79,6 +91,10 @@ def test_a_hang_in_a_users_program_names_the_rank_from_the_stacks(local_cluster,
     verdict = result.hang_verdict
     assert [c.rank for c in verdict.culprits] == [3] and verdict.culprits[0].node.node == 1, verdict
     assert verdict.culprits[0].where == "load_batch (stuck.py:8)"
+    # Rank 1's data-loader worker was dumped under its own label, in its dataset; rank 1 under its rank.
+    summary = (Path(result.hang_report) / "summary.txt").read_text()
+    assert re.search(r"rank r1:pid\d+ in data loading", summary), summary
+    assert re.search(r"ranks 0-2 in all_reduce", summary), summary
     assert verdict.collective is None and verdict.waiting == [0, 1, 2]
     assert verdict.evidence[0] == ("stacks of rank(s) 0-3 (no flight record: no pipe (no NCCL debug pipe: process "
                                    "group 0's heartbeat thread makes one in an NCCL rank with TORCH_FR_BUFFER_SIZE > 0 "

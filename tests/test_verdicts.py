@@ -176,27 +176,3 @@ def test_a_few_milliseconds_of_jitter_on_a_short_step_is_no_straggler():
     flagged = [list(slowed.window(ComputeWindow(iteration=5 * (i + 1), seconds=[0.040, 0.041, 0.058, 0.059])))
                for i in range(2)]
     assert [[s.node.node for s in f] for f in flagged] == [[], [1]]
-
-
-def test_a_ranks_data_loader_worker_waiting_on_its_queue_names_no_one():
-    """A rank's data-loader worker inherits RANK; every rank waits inside the all-reduce while rank 1's worker
-    waits on its queue. Labelled by `rank_labels` (real processes: this one the rank, a child its worker), the
-    worker's stack is its own, not rank 1's: no rank is outside the collective, so no one is named."""
-    import os
-    import subprocess
-    import sys
-
-    from a4ray.observe.flight import rank_labels
-
-    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        processes = [("0", 100), ("1", os.getpid()), ("1", worker.pid), ("2", 102), ("3", 103)]  # 0, 2, 3 gone
-        where = {os.getpid(): "all_reduce (distributed_c10d.py:3252)", worker.pid: "get <- _worker_loop (worker.py:310)"}
-        dumps = [StackDump(rank=label, node=int(label[-1]) // 2 if label.isdigit() else 0, pid=pid,
-                           where=where.get(pid, "all_reduce (distributed_c10d.py:3252)"))
-                 for label, pid in rank_labels(processes)]
-    finally:
-        worker.kill()
-    assert [d.rank for d in dumps] == ["0", "1", f"r1:pid{worker.pid}", "2", "3"]
-    verdict = judge({}, {r: TIMED_OUT for r in range(4)}, dumps, NODES, NPROC)
-    assert not verdict.culprits, verdict.line()
