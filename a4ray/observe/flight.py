@@ -76,9 +76,11 @@ def read_dump(path: Path) -> dict:
         return pickle.load(f)
 
 
-def _parent(pid: int) -> int | None:
+def _inherited(pid: int, rank: str, by_pid: dict[int, str]) -> bool | None:
+    """Whether the process carries `rank` because its parent does (a helper: a data-loader worker); None where it
+    is gone."""
     try:
-        return psutil.Process(pid).ppid()
+        return by_pid.get(psutil.Process(pid).ppid()) == rank
     except psutil.Error:
         return None
 
@@ -89,18 +91,17 @@ def rank_pids(processes: list[tuple[str, int]]) -> dict[int, int]:
     by_pid = {pid: rank for rank, pid in processes if rank.isdigit()}
     own: dict[int, int] = {}
     for pid, rank in sorted(by_pid.items()):
-        parent = _parent(pid)
-        if parent is not None and by_pid.get(parent) != rank:
+        if _inherited(pid, rank, by_pid) is False:
             own.setdefault(int(rank), pid)
     return own
 
 
 def rank_labels(processes: list[tuple[str, int]]) -> list[tuple[str, int]]:
     """(label, pid) of a launch's processes for their stacks: a rank's own process keeps its RANK; a helper that
-    inherited it from its parent (a data-loader worker) is `r<rank>:pid<pid>`, so its stack is never read as the
-    rank's (a worker waiting on its queue while its rank waits in a collective would name an innocent rank)."""
-    by_pid = {pid: rank for rank, pid in processes}
-    return [(f"r{rank}:pid{pid}" if rank.isdigit() and by_pid.get(_parent(pid)) == rank else rank, pid)
+    inherited it is `r<rank>:pid<pid>`, so its stack is never read as the rank's (a worker waiting on its queue
+    while its rank waits in a collective would name an innocent rank)."""
+    by_pid = {pid: rank for rank, pid in processes if rank.isdigit()}
+    return [(f"r{rank}:pid{pid}" if rank.isdigit() and _inherited(pid, rank, by_pid) else rank, pid)
             for rank, pid in processes]
 
 
