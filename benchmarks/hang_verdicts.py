@@ -1,7 +1,8 @@
 """The hang verdict on the A4 shape: a plain user program on NCCL (no a4ray code in the ranks), 2 simulated nodes x
 G GPUs, whose culprit rank does not enter the 4th all-reduce while every other rank waits in it. Once for a culprit
 at each rank (so at each local rank position on each node), then with the culprit frozen (SIGSTOP: its NCCL threads
-stop too, so it can answer nothing). Printed per case: the verdict line, what it rests on, and whether it names only
+stop too, so it can answer nothing). Every rank has a data-loader worker, as a Megatron rank with num_workers > 0
+does: it inherits the rank's RANK, and its pid must not be taken for the rank's (flight record, RAS, stack). Printed per case: the verdict line, what it rests on, and whether it names only
 the culprit (or is undetermined, naming no one): an innocent rank named is a failure.
 
     python benchmarks/hang_verdicts.py [--gpus-per-node 2] [--window-s 15] [--culprits 3,2,1,0]
@@ -33,6 +34,17 @@ PROGRAM = """
 import os, signal, sys, time
 import torch, torch.distributed as dist
 culprit, how = int(sys.argv[1]), sys.argv[2]
+
+
+class Prefetched(torch.utils.data.Dataset):  # each rank's data-loader worker waits here the whole run
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        time.sleep(3600)
+
+
+worker = iter(torch.utils.data.DataLoader(Prefetched(), num_workers=1))  # forked before CUDA: it inherits RANK
 nccl = torch.cuda.is_available()
 if nccl:
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
