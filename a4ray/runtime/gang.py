@@ -77,6 +77,7 @@ class Gang:
         self.nodes: list[NodeFacts] = []  # in rank order
         self.master_port: int | None = None  # of the latest launch
         self.start_s = 0.0
+        self.placing_at: float | None = None  # wall clock: when the placement group was asked for
         self.observers: list[LineObserver] = []
         self._runs = 0
 
@@ -84,7 +85,7 @@ class Gang:
     def start(self) -> list[NodeFacts]:
         if self.actors:
             return self.nodes
-        t0 = time.monotonic()
+        t0, self.placing_at = time.monotonic(), time.time()
         c = self.cluster
         bundle = {"CPU": c.cpus_per_node, "GPU": c.gpus_per_node, c.node_resource: 1}
         selector = self._keep_off()
@@ -245,6 +246,7 @@ class Gang:
         if all(launch.standby for launch in launches):
             raise ValueError("every launch is a standby: at least one node needs a command")
         t0 = time.monotonic()
+        started_at = time.time()
         requests = [
             LaunchRequest(
                 argv=launch.argv, cwd=launch.cwd, env=launch.env, env_scripts=launch.env_scripts,
@@ -281,6 +283,8 @@ class Gang:
             observe=self.spec.observe, observers=self.observers, stop=self._stop, hang_dir=hang_dir,
             log_dir=log_dir, tags=(self.spec.name, self.run_id), records_dir=Path(log_dir) / "flight-recorder")
         outcome = supervisor.watch()
+        outcome.times.started_at, outcome.times.ended_at = started_at, time.time()
+        outcome.times.placing_at = self.placing_at
         result = self._collect(members, outcome, time.monotonic() - t0, log_dir, launch_id)
         if not result.ok:
             error_cls = {"timeout": GangTimeout, "cancelled": Cancelled, "hang": GangHang}.get(outcome.kind, GangFailed)
@@ -329,6 +333,7 @@ class Gang:
             failed_node=None if outcome.failed_node is None else members[outcome.failed_node],
             iterations_seen=outcome.iterations_seen, last_iteration=outcome.last_iteration,
             hang_report=outcome.hang_report, hang_verdict=outcome.hang_verdict, stragglers=outcome.stragglers,
+            times=outcome.times,
         )
 
     def node_ref(self, gang_rank: int) -> NodeRef:

@@ -80,6 +80,20 @@ class NodeResult(BaseModel):
 FailureKind = Literal["failed", "lost", "hang", "timeout", "cancelled"]
 
 
+class LaunchTimes(BaseModel):
+    """When things happened in one launch, wall clock (`time.time()`): what goodput accounting and incident
+    records are built from. None: it did not happen (no iteration came, nothing failed)."""
+
+    placing_at: float | None = None  # the gang asked Ray for its placement group
+    started_at: float | None = None  # the nodes' commands were started
+    first_iteration_at: float | None = None  # the first new iteration line
+    first_iteration: int | None = None  # its number (after a resume: the checkpoint's next iteration)
+    last_progress_at: float | None = None  # the latest new iteration line
+    fault_seen_at: float | None = None  # a4ray first saw what ended the launch (a rank's end, a failure, a suspicion)
+    verdict_at: float | None = None  # a4ray decided the launch has failed (and began stopping it)
+    ended_at: float | None = None  # every node stopped
+
+
 class GangResult(BaseModel):
     job: str
     launch_id: str
@@ -95,6 +109,7 @@ class GangResult(BaseModel):
     stragglers: list[Straggler] = []  # nodes flagged slower than the gang while it ran
     start_s: float = 0.0  # placement + actors + facts
     run_s: float = 0.0
+    times: LaunchTimes = LaunchTimes()
     log_dir: str = ""
     nodes: list[NodeResult] = []
 

@@ -27,7 +27,7 @@ from a4ray.observe.progress import Progress, progress_summary
 from a4ray.observe.straggler import StragglerCheck
 from a4ray.observe.verdicts import HangVerdict, NodeRef, Straggler
 from a4ray.runtime.deaths import ACTOR_GONE, why_died
-from a4ray.runtime.launch import Launch
+from a4ray.runtime.launch import Launch, LaunchTimes
 from a4ray.runtime.node_actor import Line, Poll
 from a4ray.runtime.ranks import FAILURE_HEADER
 from a4ray.spec.resilience import ObserveSpec
@@ -58,6 +58,7 @@ class Outcome:
         self.hang_report: str | None = None
         self.hang_verdict: HangVerdict | None = None
         self.stragglers: list[Straggler] = []
+        self.times = LaunchTimes()
 
 
 class Supervisor:
@@ -135,6 +136,10 @@ class Supervisor:
         out = self.outcome
         self.watchdog.progress(progress.iteration)
         if out.last_iteration is None or progress.iteration > out.last_iteration:
+            now = time.time()
+            if out.times.first_iteration_at is None:
+                out.times.first_iteration_at, out.times.first_iteration = now, progress.iteration
+            out.times.last_progress_at = now
             out.iterations_seen += 1
             out.last_iteration = progress.iteration
             self.last_progress = progress
