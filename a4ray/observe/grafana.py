@@ -48,6 +48,11 @@ PANELS = [
     Panel("Hangs detected", "sum by (run) (ray_a4ray_gang_hangs_total) or vector(0)", "{{run}}"),
     Panel("Gang attempt", "max by (run) (ray_a4ray_gang_attempt)", "{{run}}", "short",
           "0: the first launch; n: the n-th restart after a failure or hang"),
+    Panel("Goodput", "max by (run) (ray_a4ray_goodput_ratio)", "{{run}}", "percentunit",
+          "productive step time / wall time of the run so far (observe/goodput.py)"),
+    Panel("Badput by kind", "max by (run, kind) (ray_a4ray_badput_seconds)", "{{run}} {{kind}}", "s",
+          "seconds of the run in each bucket other than productive steps: startup, checkpoints, lost work, "
+          "fault detection, recovery, ..."),
     Panel("Gradient norm", "max by (run) (ray_a4ray_train_grad_norm)", "{{run}}"),
     Panel("Iteration", "max by (run) (ray_a4ray_train_iteration)", "{{run}}"),
     Panel("Staging throughput", "sum by (artifact) (ray_a4ray_stage_rate_bytes_per_s)", "{{artifact}}", "Bps",

@@ -13,6 +13,8 @@ Exported by each node's Ray metrics agent (`ray_` is prepended), e.g. `ray_a4ray
   a4ray_gang_attempt               attempt number of the job's gang (0 = first launch)
   a4ray_gang_restarts_total        restarts after failures or hangs
   a4ray_gang_hangs_total           hangs the watchdog detected
+  a4ray_goodput_ratio              productive step time / wall time of the run so far ({job,run}; observe/goodput.py)
+  a4ray_badput_seconds             the run's seconds in each other bucket ({job,run,kind}: program_startup, ...)
   a4ray_convert_bytes_total        checkpoint bytes a conversion wrote, per node ({job,node})
   a4ray_convert_rate_bytes_per_s   write rate of the last conversion part a node finished ({job,node})
 
@@ -116,3 +118,15 @@ def record_conversion_part(job: str, node: str, nbytes: int, seconds: float) -> 
         float(nbytes), tags=tags)
     _metric("gauge", "a4ray_convert_rate_bytes_per_s", "write rate of the last conversion part",
             ("job", "node")).set(nbytes / max(seconds, 1e-9), tags=tags)
+
+
+def record_goodput(job: str, run: str, ratio: float, buckets: dict[str, float]) -> None:
+    """The run's goodput so far (observe/goodput.py): the ratio, and the seconds of each badput bucket."""
+    tags = {"job": job, "run": run}
+    _metric("gauge", "a4ray_goodput_ratio", "productive step time / wall time of the run so far", ("job", "run")).set(
+        ratio, tags=tags)
+    badput = _metric("gauge", "a4ray_badput_seconds", "the run's seconds in a bucket other than productive steps",
+                     ("job", "run", "kind"))
+    for kind, seconds in buckets.items():
+        if kind != "productive_time":
+            badput.set(seconds, tags={**tags, "kind": kind})

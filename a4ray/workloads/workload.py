@@ -19,9 +19,10 @@ from a4ray.core.redact import Redactor, secret_values
 from a4ray.core.results import Result
 from a4ray.core.rundir import RunDir
 from a4ray.observe import metrics
+from a4ray.observe.goodput import AttemptRecord, Goodput, Stopwatch, account
 from a4ray.runtime.connect import Connection
 from a4ray.runtime.gang import Gang
-from a4ray.runtime.launch import GangResult, Launch, NodeContext, Peer
+from a4ray.runtime.launch import GangResult, Launch, LaunchTimes, NodeContext, Peer
 from a4ray.runtime.netenv import describe_env_plan
 from a4ray.runtime.restart import blamed_nodes, keep_off, should_retry
 from a4ray.spec.job import JobSpec
@@ -31,6 +32,7 @@ S = TypeVar("S", bound=JobSpec)
 
 class WorkloadResult(Result):
     gang: GangResult | None = None
+    goodput: Goodput | None = None  # where the run's wall time went, over every attempt
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per node of the (last) launch."""
@@ -125,6 +127,7 @@ class Workload(ABC, Generic[S]):
         spec, attempt = self.spec, 0
         history = NodeHistory(run_dir.workspace)
         avoid: dict[str, str] = {}  # host -> why: the nodes the failed attempts are attributed to, and stragglers
+        started_at, attempts = time.time(), []  # the goodput accounting's: the run's start, each attempt's record
         while True:
             metrics.record_attempt(spec.name, run_dir.id, attempt)
             if attempt:
@@ -133,9 +136,13 @@ class Workload(ABC, Generic[S]):
                     + (f"; {note}" if note else ""))
             with Gang(spec, log_dir=str(log_dir or run_dir.logs), run_dir=str(run_dir.root), attempt=attempt,
                       avoid=avoid) as gang:
-                result = self.execute(gang)
+                live = _live_goodput(spec.name, run_dir.id, gang, attempt, attempts, started_at)
+                with gang.observing(Stopwatch(on_progress=live)) as stopwatch:
+                    result = self.execute(gang)
             if result.gang is None:
                 return result
+            attempts.append(stopwatch.record(attempt, result.gang.times, result.gang.failure_kind,
+                                             result.gang.failure))
             blamed = blamed_nodes(result.gang)
             for host, (event, why) in blamed.items():
                 history.add(host, event, run=run_dir.id, detail=why)
@@ -145,6 +152,10 @@ class Workload(ABC, Generic[S]):
             if not retry:
                 if spec.restart.max_restarts or attempt:
                     say(f"not restarting: {why}")
+                result.goodput = account(attempts, started_at, time.time())
+                metrics.record_goodput(spec.name, run_dir.id, result.goodput.goodput, result.goodput.buckets)
+                if result.goodput.iterations is not None:  # a training run: where its time went, in one line
+                    say(result.goodput.line())
                 return result
             avoid.update(keep_off(result.gang, blamed))
             attempt += 1
@@ -163,6 +174,20 @@ class Workload(ABC, Generic[S]):
                     nodes=[NodePlan(rank=i, argv=launch.argv, env=launch.env, cwd=launch.cwd)
                            for i, launch in enumerate(launches)],
                     notes=[f"hang watchdog: {self.spec.observe.watchdog.rule()}"])
+
+
+def _live_goodput(job: str, run: str, gang: Gang, attempt: int, attempts: list[AttemptRecord],
+                  started_at: float):
+    """What a Stopwatch calls as iterations come: the run's goodput so far, to the metrics (Grafana's panel). Until
+    the launch ends its placement is not told apart from its startup, and its steps count as productive."""
+
+    def update(stopwatch: Stopwatch) -> None:
+        now = time.time()
+        times = LaunchTimes(placing_at=gang.placing_at, ended_at=now)
+        so_far = account([*attempts, stopwatch.record(attempt, times)], started_at, now)
+        metrics.record_goodput(job, run, so_far.goodput, so_far.buckets)
+
+    return update
 
 
 def run_launch(gang: Gang, build, **kwargs) -> GangResult:
