@@ -149,6 +149,34 @@ def machine_cores() -> int:
 
 
 @contextlib.contextmanager
+def _own_session():
+    """Ray processes started while the block runs (a node's GCS, raylet, agents, and through the raylet its
+    workers: the node actors) start in a session of their own. A signal sent to this process's group (`timeout`,
+    a CI runner or a shell stopping `a4ray run`) then reaches this process alone, which stops the gang through
+    them and shuts them down, as it does on Ctrl-C (SIGINT, which Ray's processes block). In this process's
+    group, a group SIGTERM killed them under the driver, which then waited 60 s for the GCS before dying
+    without a record. They still end with this process if it is killed outright: Ray has the kernel kill each
+    of them when its parent dies (Linux). Where the kernel cannot, Ray's reaper kills this process's group
+    when it dies, and they stay in that group."""
+    from ray._private import services, utils
+
+    if not (sys.platform.startswith("linux") and utils.detect_fate_sharing_support()):
+        yield
+        return
+    popen = services.ConsolePopen
+
+    class SessionPopen(popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, start_new_session=True, **kwargs)
+
+    services.ConsolePopen = SessionPopen
+    try:
+        yield
+    finally:
+        services.ConsolePopen = popen
+
+
+@contextlib.contextmanager
 def _unadvertised(private: bool):
     """Ray's test Cluster records its head's address for the whole machine (`ray_current_cluster`, where
     `ray.init("auto")` and a4ray's `connect` look for a running cluster). A private cluster (one process's
@@ -257,7 +285,7 @@ class SimulatedCluster:
         head["temp_dir"] = tempfile.mkdtemp(prefix="a4-", dir=ray_temp)  # short: Ray's socket paths have a limit
         # The head's processes (its Ray Client proxy, its dashboard) take these from this process.
         with _environ({**HEAD_ENV, **(self.prometheus.head_env() if self.prometheus else {})}), \
-                _unadvertised(private=not self.shared):
+                _unadvertised(private=not self.shared), _own_session():
             self.cluster = Cluster(initialize_head=True, head_node_args=head,
                                    shutdown_at_exit=True)
         write_ray_address(self.cluster.address, head["temp_dir"])
@@ -283,16 +311,17 @@ class SimulatedCluster:
         labels = {**simulated_location(index, self.topology), SIMULATED_LABEL: "true",
                   "a4ray.io/machine-type": machine_type}
         ip = {"node_ip_address": self.ip(index)} if self.loopback_ips else {}
-        node = self.cluster.add_node(
-            num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node if gpus is None else gpus,
-            resources={machine_type: 1}, labels=labels, env_vars=env,
-            object_store_memory=self.object_store_mb * 2**20,
-            # Each machine unpacks a job's working_dir into its own runtime-resources directory, and each
-            # node's agent replaces that copy when it first sets the job up. Simulated nodes share one
-            # session directory: in a shared one, node 1 would delete the copy node 0's processes run in.
-            runtime_env_dir_name=f"runtime_resources_node{index}", **ip,
-            node_name=labels[self.topology.host_label],  # the dashboard's Cluster page: not one hostname thrice
-        )
+        with _own_session():
+            node = self.cluster.add_node(
+                num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node if gpus is None else gpus,
+                resources={machine_type: 1}, labels=labels, env_vars=env,
+                object_store_memory=self.object_store_mb * 2**20,
+                # Each machine unpacks a job's working_dir into its own runtime-resources directory, and each
+                # node's agent replaces that copy when it first sets the job up. Simulated nodes share one
+                # session directory: in a shared one, node 1 would delete the copy node 0's processes run in.
+                runtime_env_dir_name=f"runtime_resources_node{index}", **ip,
+                node_name=labels[self.topology.host_label],  # the dashboard's Cluster page: not one hostname thrice
+            )
         self.workers[index] = node
         return node
 
