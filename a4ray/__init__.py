@@ -19,7 +19,7 @@ import importlib
 _EXPORTS = {
     "connect": "a4ray.api", "current": "a4ray.api", "load": "a4ray.api", "plan": "a4ray.api", "run": "a4ray.api",
     "submit": "a4ray.api", "runs": "a4ray.api", "get_run": "a4ray.api", "Cluster": "a4ray.api",
-    "nodes": "a4ray.api", "forget_node": "a4ray.api",
+    "nodes": "a4ray.api", "forget_node": "a4ray.api", "goodput": "a4ray.api", "project_ettr": "a4ray.api",
     "Run": "a4ray.driver.handle", "sweep": "a4ray.driver.sweep", "get_sweep": "a4ray.driver.sweep",
     "SweepResult": "a4ray.driver.sweep", "Result": "a4ray.core.results", "load_result": "a4ray.core.results",
     "A4RayError": "a4ray.core.errors", "SpecError": "a4ray.core.errors",

@@ -11,6 +11,8 @@
     a4ray.runs(); a4ray.get_run(run.id)          # the same run again, after a kernel restart
     a4ray.nodes(); a4ray.forget_node("host")     # the workspace's node history (lost, hang culprit, straggler)
     a4ray.sweep(spec, {"network.env.NCCL_IB_QPS_PER_CONNECTION": [1, 2, 4]})
+    g = a4ray.goodput(result); g.line(); g.plot()  # where the run's time went: buckets, incidents, a time line
+    a4ray.project_ettr(u0_s=60, w_s=10, interval_s=600)  # Meta's ETTR at 16-1024 nodes (g.projection(): the run's own)
 
 Results are typed (`a4ray.core.results.Result`: `.to_pandas()`, `.plot()`, an HTML view in Jupyter). A
 run's record is its run directory on the workspace (`<workspace>/runs/<id>/`: spec, plan, logs, result),
@@ -29,10 +31,12 @@ from a4ray.driver import execute, session
 from a4ray.driver.handle import Run, RunList, find_run, find_runs
 from a4ray.driver.handle import submit as submit_run
 from a4ray.driver.session import Cluster, connect, current
+from a4ray.observe.goodput import Goodput, find, project_ettr  # project_ettr: Meta's ETTR model, as it is
 from a4ray.spec.job import JobSpec
 from a4ray.spec.loader import load_job
 
-__all__ = ["Cluster", "connect", "current", "forget_node", "get_run", "load", "nodes", "plan", "run", "runs", "submit"]
+__all__ = ["Cluster", "connect", "current", "forget_node", "get_run", "goodput", "load", "nodes", "plan", "project_ettr",
+           "run", "runs", "submit"]
 
 
 def load(path: str | Path | None = None, *sets: str, kind: str | None = None) -> JobSpec:
@@ -94,3 +98,20 @@ def nodes(workspace: str | Path | None = None) -> dict[str, list[NodeEvent]]:
 def forget_node(host: str, workspace: str | Path | None = None) -> int:
     """Clear `host`'s history (after the node was repaired); returns how many events it held."""
     return NodeHistory(session.workspace(workspace)).forget(host)
+
+
+def goodput(run: Result | Run | str | Path) -> Goodput:
+    """Where a run's wall time went (its `result.json`'s `goodput`; a pipeline's is its train step's): the buckets
+    (`.buckets`, `.to_pandas()`), the goodput line (`.line()`), each incident (`.incident_rows()`), the time line,
+    one bar per attempt (`.plot()`), and Meta's ETTR projection from the run's own figures (`.projection()`).
+    `run`: a result, a run handle, or a run's id or directory."""
+    if isinstance(run, (str, Path)):
+        run = get_run(str(run)) if not Path(run).is_dir() else Run.at(run)
+    if isinstance(run, Run):
+        run = run.result()
+    found = find(run.model_dump(mode="json"))
+    if found is None:
+        raise A4RayError(f"the {run.kind} result has no goodput record", hint="only gang runs (training, tests) "
+                         "account for their time; a run that ended before its first launch has none")
+    return found
+

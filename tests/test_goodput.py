@@ -12,6 +12,7 @@ import matplotlib
 import pytest
 from conftest import REPO, job
 
+import a4ray
 from a4ray.driver.execute import run
 from a4ray.observe.goodput import BUCKETS, Stopwatch, account, find, project_ettr
 from a4ray.observe.progress import parse_progress
@@ -156,4 +157,4 @@ def test_a_real_run_whose_rank_is_killed_accounts_for_its_time(local_cluster, tm
     assert None not in times and times == sorted(times), incident
     assert g.buckets["unproductive_checkpoint_save_time"] > 0 and 0 < g.goodput < 1
     [record] = list(tmp_path.rglob("result.json"))
-    assert find(json.loads(record.read_text())) == g
+    assert find(json.loads(record.read_text())) == g == a4ray.goodput(record.parent)  # the record, the API
