@@ -336,62 +336,87 @@ class _Clock:
         return self.now
 
 
-def test_the_watchdog_judges_a_hang_at_the_runs_own_pace():
-    """3 s per iteration, a line every iteration: judged once 120 s (the floor, above 20 x 3 s) pass without
-    one; a line every 10 iterations: 20 x 30 s; a checkpoint being saved allows no_progress_s until it is done."""
+def test_the_watchdog_suspects_a_hang_at_the_runs_own_pace():
+    """3 s per iteration, a line every iteration: suspected once 120 s (the floor, above 20 x 3 s) pass without
+    one; a line every 10 iterations: 20 x 30 s; a checkpoint being saved suspends it until it is done; no_progress_s
+    is the upper bound, the only alarm that ends a launch whatever an inspection finds."""
     from a4ray.observe.hang import Watchdog
     from a4ray.spec.resilience import WatchdogSpec
 
+    pace_only = {"no_progress_s": 1800, "no_output_s": None, "look_after_s": None}
     clock = _Clock()
-    dog = Watchdog(WatchdogSpec(no_progress_s=1800), clock=clock)
+    dog = Watchdog(WatchdogSpec(**pace_only), clock=clock)
     dog.progress(1)
     for it in range(2, 6):
         clock.now += 3
         dog.progress(it)
         dog.progress(it)  # another rank's line of the same iteration
     clock.now += 119
-    assert dog.why() is None
+    assert dog.alarm() is None
     clock.now += 2
-    assert dog.why() == ("no new iteration for 121s (after iteration 5; the run's pace: 20 x its median 3s per "
+    alarm = dog.alarm()
+    assert alarm.why == ("no new iteration for 121s (after iteration 5; the run's pace: 20 x its median 3s per "
                          "iteration (60s), under observe.watchdog.pace_floor_s=120)")
+    assert (alarm.window_s, alarm.bound) == (120, False)
+    dog.rearm()  # an inspection found every rank computing: a whole window again from now
+    clock.now += 119
+    assert dog.alarm() is None
+    clock.now += 2
+    assert dog.alarm().why.startswith("no new iteration for 242s")
 
-    sparse = Watchdog(WatchdogSpec(no_progress_s=1800), clock=clock)
+    sparse = Watchdog(WatchdogSpec(**pace_only), clock=clock)
     for it in (1, 10, 20, 30):  # Megatron-LM's first line, then every log_interval
         sparse.progress(it)
         clock.now += 30
     clock.now += 600 - 30 - 1
-    assert sparse.why() is None, sparse.why()
+    assert sparse.alarm() is None
     clock.now += 2
-    assert "the run's pace: 20 x its median 3s per iteration x 10 iterations a line" in sparse.why()
+    assert "the run's pace: 20 x its median 3s per iteration x 10 iterations a line" in sparse.alarm().why
 
-    busy = Watchdog(WatchdogSpec(no_progress_s=1800), clock=clock)
+    busy = Watchdog(WatchdogSpec(**pace_only), clock=clock)
     for it in range(1, 5):
         busy.progress(it)
         clock.now += 3
     busy.output([" saving checkpoint at iteration       4 to /ckpt in torch_dist format"])
     clock.now += 1000
-    assert busy.why() is None
+    assert busy.alarm() is None  # the pace waits while a save runs (as do the quiet windows)
     busy.output([" successfully saved checkpoint from iteration       4 to /ckpt"])
     clock.now += 119
-    assert busy.why() is None
+    assert busy.alarm() is None
     clock.now += 2
-    assert busy.why().startswith("no new iteration for 121s (after iteration 4; the run's pace")
+    assert busy.alarm().why.startswith("no new iteration for 121s (after iteration 4; the run's pace")
     busy.output(["a4ray: busy: evaluating on 10k samples"])
     clock.now += 1800
-    assert busy.why().startswith("no new iteration for 1921s (after iteration 4; busy since 'a4ray: busy: "
-                                 "evaluating on 10k samples'; observe.watchdog.no_progress_s=1800)")
+    alarm = busy.alarm()
+    assert alarm.bound and alarm.why.startswith("no new iteration for 1921s (after iteration 4; "
+                                                "observe.watchdog.no_progress_s=1800, the upper bound)")
 
-    # no_progress_s stays the upper bound; before a second line only it applies; pace_multiple null turns it off.
-    for spec, lines, wait in ((WatchdogSpec(no_progress_s=4), 3, 4), (WatchdogSpec(no_progress_s=1800), 1, 1800),
-                              (WatchdogSpec(no_progress_s=1800, pace_multiple=None), 3, 1800)):
+    # Quiet: a look after 30 s (once a quiet spell), a suspicion after 120 s; repeats are no news.
+    quiet = Watchdog(WatchdogSpec(), clock=clock)
+    clock.now += 31
+    look = quiet.alarm()
+    assert look.window_s is None and "observe.watchdog.look_after_s=30" in look.why
+    assert quiet.alarm() is None  # once
+    quiet.output(["[W1128 ...] Failed to check the \"should dump\" flag on TCPStore"], news=False)
+    clock.now += 90
+    alarm = quiet.alarm()
+    assert alarm.why == "no news from any node for 121s (observe.watchdog.no_output_s=120)" and not alarm.bound
+    quiet.output(["a new line"])
+    assert quiet.alarm() is None
+
+    # no_progress_s is the upper bound; before a second line only it applies; pace_multiple null turns the pace off.
+    for spec, lines, wait in ((WatchdogSpec(no_progress_s=4, **{k: v for k, v in pace_only.items() if k != "no_progress_s"}), 3, 4),
+                              (WatchdogSpec(**pace_only), 1, 1800),
+                              (WatchdogSpec(**pace_only, pace_multiple=None), 3, 1800)):
         dog = Watchdog(spec, clock=clock)
         for it in range(1, lines + 1):
             dog.progress(it)
             clock.now += 0.1
         clock.now += wait - 0.2
-        assert dog.why() is None
+        assert dog.alarm() is None
         clock.now += 0.3
-        assert dog.why().endswith(f"observe.watchdog.no_progress_s={spec.no_progress_s:g})")
+        assert dog.alarm().bound and dog.alarm().why.endswith(
+            f"observe.watchdog.no_progress_s={spec.no_progress_s:g}, the upper bound)")
 
 
 def test_the_plan_states_the_watchdogs_rule():
@@ -400,8 +425,10 @@ def test_the_plan_states_the_watchdogs_rule():
     from a4ray.driver.execute import plan, render
 
     text = render(plan(job("ddp_test", "observe.watchdog.pace_floor_s=90", "observe.watchdog.no_progress_s=600")))
-    assert ("note: hang watchdog: a hang is no new iteration for max(90s, 20 x the run's median time per iteration x "
-            "the iterations between its lines), at most 600s, once two iteration lines have come") in text, text
+    assert ("note: hang watchdog: a rank that ends while others run is judged at once; 30s without news, a look for "
+            "an ended rank or a desync; a suspicion (no new iteration for max(90s, 20 x the run's median time per "
+            "iteration x the iterations between its lines) once two iteration lines have come") in text, text
+    assert "a hang whatever the evidence at no new iteration for 600s; ranks that ended wait 300s for the rest" in text
 
 
 class _DumpPipe:

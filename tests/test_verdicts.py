@@ -85,7 +85,7 @@ def test_the_evidence_rule_on_complete_partial_and_full_records():
     inside["pg_status"]["0"]["last_enqueued_collective"] = "4"
     everyone = judge({**RECORDS, 3: inside}, {}, [], NODES, NPROC)
     assert everyone.culprits == [] and not everyone.undetermined and everyone.waiting == [0, 1, 2, 3]
-    assert "every member of the group is inside #4: a desync or the fabric" in everyone.note
+    assert "every member of the group is inside #4: the fabric, or a rank frozen there" in everyone.note
 
 
 def test_a_gone_process_a_stack_outside_and_ras_are_evidence_a_stack_frozen_inside_is_not():
@@ -104,6 +104,48 @@ def test_a_gone_process_a_stack_outside_and_ras_are_evidence_a_stack_frozen_insi
     assert [(c.rank, c.why) for c in by_ras.culprits] == [(3, "NCCL RAS")] and "NCCL RAS on rank(s) 3" in by_ras.evidence
     teardown = behind.model_copy(update={"kind": "unresponsive", "detail": "sent RAS no communicator data"})
     assert judge(records, {3: TIMED_OUT}, [], NODES, NPROC, {3: teardown}).undetermined
+
+
+def test_a_rank_that_ended_before_the_collective_its_peers_wait_in_is_named_with_what_it_did_last():
+    """Rank 3's record stops after #3 (as the record it leaves at its exit does); it ended with exit 0 while ranks
+    0-2 wait in #4: named for its end, with the last collective it completed, and no node is blamed for a program
+    that ran out of work. Had it joined #4, its end would not be the cause."""
+    left = {**RECORDS, 3: {**RECORDS[3], "a4ray_ended": True}}
+    verdict = judge(left, {}, [], NODES, NPROC, ended={3: (0, 1000.0)})
+    assert verdict.kind == "ended" and [c.rank for c in verdict.culprits] == [3] and verdict.waiting == [0, 1, 2]
+    assert verdict.line().startswith("rank 3 (node 1 (sim-host-002, 127.0.0.3)) ended with exit 0 after all_reduce #3 "
+                                     "of group default; ranks 0-2 wait in all_reduce #4 of group default, which it "
+                                     "never joined (evidence: flight recorder of rank(s) 0-3, end of rank(s) 3)")
+    result = GangResult(job="j", launch_id="l", ok=False, failure_kind="hang", failed_node=1, hang_verdict=verdict)
+    assert blamed_nodes(result) == {}
+    # Stacks alone (a user's gloo program serves no record): the live ranks wait in a collective.
+    by_stacks = judge({3: left[3]}, {}, WAITING, NODES, NPROC, ended={3: (0, 1000.0)})
+    assert by_stacks.kind == "ended" and [c.rank for c in by_stacks.culprits] == [3]
+    assert "ranks 0-2 wait in all_reduce (distributed_c10d.py:3252), which it never joined" in by_stacks.line()
+    # Ended, but its peers compute: not a hang (yet).
+    computing = [s.model_copy(update={"where": "forward (train.py:9)"}) for s in WAITING]
+    assert judge({3: left[3]}, {}, computing, NODES, NPROC, ended={3: (0, 1000.0)}).waiting == []
+
+
+def test_a_desync_names_the_minority_with_each_sides_call_and_blames_no_one_where_no_side_is():
+    """Rank 2 entered all_gather_into_tensor as its #4 where ranks 0, 1 and 3 entered all_reduce #4 (the fixture's
+    rank 3 given the others' #4): the minority is named with both calls; two against two names both sides and
+    blames no one. Without records, the stacks' collectives say the same."""
+    records = copy.deepcopy(RECORDS)
+    records[3]["entries"].append(copy.deepcopy(RECORDS[0]["entries"][-1]))
+    odd = records[2]["entries"][-1]
+    odd.update(profiling_name="gloo:all_gather_into_tensor", input_sizes=[[4096]], input_dtypes=["Float"])
+    verdict = judge(records, {}, [], NODES, NPROC)
+    assert verdict.kind == "desync" and [c.rank for c in verdict.culprits] == [2], verdict.line()
+    assert verdict.line().startswith("desync: rank 2 called all_gather_into_tensor #4 ([4096] Float) while ranks 0-1, "
+                                     "3 called all_reduce #4 ([4] Float)"), verdict.line()
+    records[3]["entries"][-1] = copy.deepcopy(odd)
+    even = judge(records, {}, [], NODES, NPROC)
+    assert even.kind == "desync" and even.culprits == [] and "no side is the minority, no one is blamed" in even.line()
+    gather = StackDump(rank="3", node=1, pid=103, where="all_gather_into_tensor (distributed_c10d.py:4012)")
+    by_stacks = judge({}, {}, [*WAITING, gather], NODES, NPROC)
+    assert by_stacks.kind == "desync" and [c.rank for c in by_stacks.culprits] == [3]
+    assert by_stacks.line().startswith("desync: rank 3 called all_gather_into_tensor while ranks 0-2 called all_reduce")
 
 
 def test_an_undetermined_verdict_keeps_no_node_off_and_blames_no_host():

@@ -12,6 +12,8 @@ Getting a rank's record (on its node, by the node actor: `collect`, every rank o
     (`programs/distributed.py`), whose C++ `fr_trace_json` handler answers while the rank's Python is blocked
     in a collective. torch 2.13 records gloo collectives (`gloo:all_reduce`, collective_seq_id 1, 2, ...).
   * a user's program on gloo serves nothing: its stacks are the evidence (`hang.py`).
+  * a rank that has ended: the record it left at exit (`runtime/rank_site/sitecustomize.py` writes
+    `<EXIT_DUMP_ENV><global rank>`), the last collectives of a rank that ran out of work early.
 Each rank without a record carries why (`NoRecord`): no pipe, timed out, process gone, in teardown. Only a
 process gone says something about the rank; the others say only that it could not answer.
 
@@ -26,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import errno
 import http.client
+import io
 import json
 import os
 import pickle
@@ -40,8 +44,13 @@ from typing import Literal
 import psutil
 from pydantic import BaseModel
 
-from a4ray.observe.verdicts import Collective
+from a4ray.observe.verdicts import Collective, DesyncSide
 from a4ray.programs.record import fr_socket_path
+
+
+EXIT_DUMP_ENV = "A4RAY_FR_EXIT_DUMP"  # where a rank's process leaves its record as it exits: <stem><RANK>
+EXIT_DUMP_PREFIX = "exit_rank_"  # in the launch's flight-recorder/ directory
+ENDED = "a4ray_ended"  # set in a record a rank left at its exit
 
 
 class _UnixHTTP(http.client.HTTPConnection):
@@ -135,11 +144,14 @@ def collect(ranks: dict[int, int], expected: list[int], env: dict[str, str], soc
     is a previous launch's). Every rank is asked at once, through its debug pipe and its worker server; then
     this waits until each has a record, has gone, or `timeout_s` has passed."""
     found: dict[int, dict | NoRecord] = {}
-    if ranks:  # none found while the launch runs: the processes could not be read, which says nothing of them
-        for rank in expected:
-            if rank not in ranks:
-                found[rank] = NoRecord(reason="process gone", detail="its process had exited (or a signal ended "
-                                       "it) when the hang was judged")
+    for rank in expected:  # a record left at exit: the rank's own process has ended (a child may carry its RANK on)
+        left = _read_new_dump(env.get(EXIT_DUMP_ENV, ""), rank, since)
+        if left is not None:
+            found[rank] = {**left, ENDED: True}
+        elif rank not in ranks and ranks:  # none found while the launch runs: the processes could not be read
+            found[rank] = NoRecord(reason="process gone", detail="its process had exited (or a signal ended it) "
+                                   "when the hang was judged")
+    ranks = {rank: pid for rank, pid in ranks.items() if rank not in found}
     pipe_stem = env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "")
     dump_stem = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or ""
     failed: dict[int, list[NoRecord]] = {rank: [] for rank in ranks}
@@ -270,7 +282,10 @@ class Match(BaseModel):
     missing: list[int] = []  # members of the stuck group with no record
     members: list[int] = []  # of the stuck group
     members_known: bool = False  # from the records' pg_config (NCCL's) or the default group, not inferred
+    sides: list[DesyncSide] = []  # a desync at `collective`'s sequence number: who called what, the minority first
+    waiting_since: float | None = None  # wall clock: when the first waiting rank entered the collective
     analyzer: str = ""
+    analyzer_output: str = ""  # what torch's analyzer printed over the records: for the hang report, not the stream
     note: str = ""
 
 
@@ -294,14 +309,58 @@ def _members(records: dict[int, dict], group: str, world: list[int]) -> tuple[li
     return sorted(showing | (set(world) - set(records))), False
 
 
-def _done(entry: dict) -> bool:
-    return entry.get("state") == "completed" or bool(entry.get("retired"))
+def done(entry: dict, record: dict) -> bool:
+    """Finished: its state says so, or its group's status counts it completed (gloo's entries stay "scheduled")."""
+    group = str((entry.get("process_group") or [entry.get("pg_id", "0")])[0])
+    return entry.get("state") == "completed" or bool(entry.get("retired")) or \
+        entry.get("collective_seq_id", 0) <= _last_completed(record, group)
+
+
+def _last_completed(record: dict, group: str) -> int:
+    try:
+        return int((record.get("pg_status") or {}).get(group, {}).get("last_completed_collective", 0))
+    except (TypeError, ValueError, AttributeError):
+        return 0
+
+
+# Ops whose input sizes must agree on every rank (an all-to-all's and a gather's may differ by design).
+_SAME_SIZES = {"all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "_allgather_base", "_reduce_scatter_base",
+               "reduce_scatter_tensor", "allreduce", "allgather_into_tensor_coalesced"}
+
+
+def _call(entry: dict) -> tuple[str, str]:
+    """(what must agree across ranks, how it reads): the op, its dtypes, and its sizes where they must agree."""
+    op = str(entry.get("profiling_name") or "").split(":")[-1]
+    sizes = [list(s) for s in entry.get("input_sizes") or []]
+    dtypes = [str(d) for d in entry.get("input_dtypes") or []]
+    shown = " ".join(filter(None, [" ".join(map(str, sizes)), "/".join(dtypes)]))
+    key = f"{op}|{dtypes}|{sizes if op in _SAME_SIZES else ''}"
+    return key, f"{op} #{entry.get('collective_seq_id')}" + (f" ({shown})" if shown else "")
+
+
+def desync(by_rank: dict[int, list[dict]]) -> tuple[int, list[DesyncSide]] | None:
+    """The first sequence number of one group at which its ranks entered different collectives (another op, dtype,
+    or size), and who called what, the smallest side first; None where every rank called the same ones."""
+    at: dict[int, dict[int, dict]] = {}
+    for rank, entries in by_rank.items():
+        for e in entries:
+            at.setdefault(e["collective_seq_id"], {})[rank] = e
+    for seq in sorted(at):
+        calls: dict[str, tuple[str, list[int]]] = {}
+        for rank, entry in sorted(at[seq].items()):
+            key, shown = _call(entry)
+            calls.setdefault(key, (shown, []))[1].append(rank)
+        if len(calls) > 1:
+            sides = sorted((DesyncSide(ranks=ranks, call=shown) for shown, ranks in calls.values()),
+                           key=lambda side: (len(side.ranks), side.ranks))
+            return seq, sides
+    return None
 
 
 def match(records: dict[int, dict], world: list[int]) -> Match:
     """Match every rank's record (`records`: global rank -> its flight record) by collective_seq_id per
     process group; `world`: every rank of the launch (those without a record are missing)."""
-    torch_note = _torch_analyzer(records)
+    torch_note, printed = _torch_analyzer(records)
     groups: dict[str, dict[int, list[dict]]] = {}
     for rank, record in records.items():
         for entry in record.get("entries") or []:
@@ -309,55 +368,71 @@ def match(records: dict[int, dict], world: list[int]) -> Match:
                 continue
             group = str((entry.get("process_group") or [entry.get("pg_id", "0")])[0])
             groups.setdefault(group, {}).setdefault(rank, []).append(entry)
+    desyncs = sorted((found[0], group, found[1]) for group, by_rank in groups.items() if (found := desync(by_rank)))
     stuck: list[tuple[int, str, dict]] = []
     for group, by_rank in groups.items():
-        for entries in by_rank.values():
-            open_ = [e for e in entries if not _done(e)]
+        for rank, entries in by_rank.items():
+            open_ = [e for e in entries if not done(e, records[rank])]
             if open_:
                 first = min(open_, key=lambda e: e["collective_seq_id"])
                 stuck.append((first["collective_seq_id"], group, first))
-    if not stuck:
-        return Match(analyzer="a4ray", missing=sorted(set(world) - set(records)),
+    if not stuck and not desyncs:
+        return Match(analyzer="a4ray", missing=sorted(set(world) - set(records)), analyzer_output=printed,
                      note="every recorded collective had finished: the ranks are not blocked in a collective "
                      "the flight recorder saw" + torch_note)
-    # The group blocked longest: its lowest open collective (a rank waits there for the others).
-    seq, group, entry = min(stuck, key=lambda s: (s[0], s[1]))
+    sides: list[DesyncSide] = []
+    if desyncs:  # ranks that disagree on a collective: the first place they did is the root, whatever hangs later
+        seq, group, sides = desyncs[0]
+        entry = next(e for e in groups[group][sides[-1].ranks[0]] if e["collective_seq_id"] == seq)
+    else:  # the group blocked longest: its lowest open collective (a rank waits there for the others)
+        seq, group, entry = min(stuck, key=lambda s: (s[0], s[1]))
     members, known = _members(records, group, world)
     # The last collective each rank entered in the group: its entries', or its pg_status' where the ring buffer
     # (TORCH_FR_BUFFER_SIZE entries) no longer holds the group's entries.
-    entered = {r: max([e["collective_seq_id"] for e in groups[group].get(r, [])] + [_last_enqueued(records[r], group)])
+    entered = {r: max([e["collective_seq_id"] for e in groups[group].get(r, [])] + [last_enqueued(records[r], group)])
                for r in records}
-    waiting = sorted(r for r, entries in groups[group].items()
-                     if any(e["collective_seq_id"] == seq and not _done(e) for e in entries))
+    open_at_seq = {r: e for r, entries in groups[group].items() for e in entries
+                   if e["collective_seq_id"] == seq and not done(e, records[r])}
+    waiting = sorted(open_at_seq)
+    created = [e["time_created_ns"] / 1e9 for e in open_at_seq.values() if e.get("time_created_ns")]
     never = sorted(r for r in members if r in records and entered.get(r, 0) < seq)
-    desc = str((entry.get("process_group") or ["", ""])[1] or "")
-    collective = Collective(group=group, group_desc="" if desc == "default_pg" else desc, seq=seq,
-                            op=entry.get("profiling_name", ""), input_sizes=entry.get("input_sizes") or [],
-                            output_sizes=entry.get("output_sizes") or [])
-    return Match(collective=collective, waiting=waiting, never_joined=never, members=members, members_known=known,
-                 missing=sorted(r for r in members if r not in records), analyzer="a4ray (collective_seq_id per "
-                 "process group)", note=torch_note.lstrip("; "))
+    collective_ = collective(entry)
+    return Match(collective=collective_, waiting=waiting, never_joined=never, members=members, members_known=known,
+                 missing=sorted(r for r in members if r not in records), sides=sides,
+                 waiting_since=min(created) if created else None, analyzer="a4ray (collective_seq_id per process "
+                 "group)", analyzer_output=printed, note=torch_note.lstrip("; "))
 
 
-def _last_enqueued(record: dict, group: str) -> int:
+def collective(entry: dict) -> Collective:
+    """The collective a record's entry names."""
+    group, desc = [str(p) for p in (list(entry.get("process_group") or []) + [entry.get("pg_id", "0"), ""])[:2]]
+    return Collective(group=group, group_desc="" if desc == "default_pg" else desc, seq=entry["collective_seq_id"],
+                      op=entry.get("profiling_name", ""), input_sizes=entry.get("input_sizes") or [],
+                      output_sizes=entry.get("output_sizes") or [])
+
+
+def last_enqueued(record: dict, group: str) -> int:
     try:
         return int((record.get("pg_status") or {}).get(group, {}).get("last_enqueued_collective", 0))
     except (TypeError, ValueError, AttributeError):
         return 0
 
 
-def _torch_analyzer(records: dict[int, dict]) -> str:
-    """Run torch's analyzer over the records; "" when it accepts them, else why a4ray matched them itself."""
+def _torch_analyzer(records: dict[int, dict]) -> tuple[str, str]:
+    """Run torch's analyzer over the records: ("" when it accepts them, else why a4ray matched them itself; what it
+    printed, which belongs in the hang report: it prints its findings raw, unprefixed, several times over)."""
     try:
         from torch.distributed.flight_recorder.components.builder import build_db
     except ImportError:
-        return "; torch's flight-recorder analyzer is not in this torch (>= 2.10 has it)"
+        return "; torch's flight-recorder analyzer is not in this torch (>= 2.10 has it)", ""
     details = {f"rank{r}": {**record, "rank": r} for r, record in records.items()}
     args = argparse.Namespace(verbose=False, just_print_entries=False, allow_incomplete_ranks=True,
                               mismatch_cap=10, selected_ranks=None, pg_filters=None, output=None)
     version = next(iter(records.values())).get("version", "") if records else ""
+    printed = io.StringIO()
     try:
-        build_db(details, args, version)
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            build_db(details, args, version)
     except (KeyError, AssertionError, ValueError, TypeError, AttributeError, SystemExit) as e:
-        return f"; torch's analyzer refused these records ({type(e).__name__}: {str(e)[:80]})"
-    return ""
+        return f"; torch's analyzer refused these records ({type(e).__name__}: {str(e)[:80]})", printed.getvalue()
+    return "", printed.getvalue()

@@ -13,7 +13,9 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import ray
 
@@ -21,7 +23,7 @@ from a4ray.core.console import say
 from a4ray.observe import flight, ras
 from a4ray.observe.flight import NoRecord
 from a4ray.observe.stacks import StackDump, ranges, summarize
-from a4ray.observe.verdicts import Candidate, Culprit, HangVerdict, NodeRef
+from a4ray.observe.verdicts import Candidate, Collective, Culprit, DesyncSide, EndedRank, HangVerdict, NodeRef
 from a4ray.spec.resilience import WatchdogSpec
 
 _STACKS_TIMEOUT_S = 120
@@ -36,16 +38,27 @@ _DONE = re.compile(r"successfully saved checkpoint|validation loss at|\bsaved ch
 _PACE_SAMPLES = 50  # the median of the latest gaps between iteration lines
 
 
+class Alarm(NamedTuple):
+    """What the watchdog saw: `why` in words; `window_s`, the quiet time that raised it; `bound`: an upper bound
+    (`no_progress_s`), after which the launch ends whatever an inspection finds. Any other alarm is a suspicion:
+    it starts an inspection, and the launch ends only on evidence of a collective that cannot complete."""
+
+    why: str
+    window_s: float | None  # None: a look (`look_after_s`), which settles only an ended rank or a desync
+    bound: bool = False
+
+
 class Watchdog:
-    """When a launch is hung (observe.watchdog, `WatchdogSpec.rule()` says it in words):
+    """When a launch looks hung (observe.watchdog, `WatchdogSpec.rule()` says it in words):
       * no iteration line in the first `startup_s`;
       * once training runs (two iteration lines seen), no new iteration for the run's own pace:
         max(`pace_floor_s`, `pace_multiple` x the median time per iteration x the iterations between its
-        lines), at most `no_progress_s`; a line saying the run is busy (a checkpoint being saved, an evaluation,
-        `a4ray: busy`) leaves only `no_progress_s` until it says it is done or the next iteration comes;
-      * after the first iteration line and before the second, `no_progress_s`;
-      * no output from any node for `no_output_s`.
-    `clock` is for tests (monotonic seconds)."""
+        lines); a line saying the run is busy (a checkpoint being saved, an evaluation, `a4ray: busy`) leaves only
+        `no_progress_s` until it says it is done or the next iteration comes;
+      * no news from any node for `no_output_s`: a line held back as a repeat, or torch's own heartbeat and
+        TCPStore warnings (which a blocked rank prints every second), is no news;
+    each a suspicion; and the upper bound, no new iteration for `no_progress_s`. After an inspection that found
+    no hang (`rearm`), each suspicion counts its window again from then. `clock` is for tests (monotonic seconds)."""
 
     def __init__(self, spec: WatchdogSpec, clock: Callable[[], float] = time.monotonic):
         self.spec = spec
@@ -53,13 +66,18 @@ class Watchdog:
         self.started_at = self.last_output_at = clock()
         self.last_progress_at: float | None = None  # when the latest new iteration came, or a busy spell ended
         self.last_iteration: int | None = None
+        self.rearmed_at: float | None = None  # the latest inspection that found every rank computing
+        self.looked_at: float | None = None  # the latest look of a quiet spell (`look_after_s`)
         self.busy: str | None = None  # the line that said the run is busy, until it is done
         self._resumed = False  # a busy spell ended since the latest iteration: the next gap is no sample of the pace
         self._per_iteration: deque[float] = deque(maxlen=_PACE_SAMPLES)  # seconds per iteration, line to line
         self._stride: deque[int] = deque(maxlen=_PACE_SAMPLES)  # iterations from one line to the next
 
-    def output(self, lines: Iterable[str] = ()) -> None:
-        now = self.last_output_at = self.clock()
+    def output(self, lines: Iterable[str] = (), news: bool = True) -> None:
+        """Lines from the nodes; `news`: some of them say something new (not only repeats and torch's noise)."""
+        now = self.clock()
+        if news:
+            self.last_output_at = now
         for text in lines:
             if _BUSY.search(text):
                 self.busy = text.strip()[:120]
@@ -78,8 +96,12 @@ class Watchdog:
                 self._per_iteration.append((now - self.last_progress_at) / stride)
                 self._stride.append(stride)
         self.last_iteration = iteration if iteration is not None else self.last_iteration
-        self.last_progress_at = now
+        self.last_progress_at = self.last_output_at = now
         self.busy, self._resumed = None, False
+
+    def rearm(self) -> None:
+        """An inspection found no hang: every suspicion waits a whole window again from now."""
+        self.rearmed_at = self.clock()
 
     def window(self) -> tuple[float | None, str]:
         """How long, from the latest iteration, the run may go without a new one; and what says so."""
@@ -100,33 +122,60 @@ class Watchdog:
                 + (f" ({pace:.0f}s), under observe.watchdog.pace_floor_s={w.pace_floor_s:g}" if pace < limit else ""))
         return limit, said
 
-    def why(self, last_iteration: int | None = None) -> str | None:
-        """Why the launch looks hung, or None."""
+    def alarm(self, last_iteration: int | None = None) -> Alarm | None:
+        """What makes the launch look hung now, or None."""
         w = self.spec
         if not w.enabled:
             return None
         now = self.clock()
         last = self.last_iteration if self.last_iteration is not None else last_iteration
+
+        def quiet(since: float) -> float:  # how long a suspicion's window has run
+            return now - max(since, self.rearmed_at or since)
+
         if self.last_progress_at is not None:
+            stalled = now - self.last_progress_at
+            if w.no_progress_s and stalled > w.no_progress_s:
+                return Alarm(f"no new iteration for {stalled:.0f}s (after iteration {last}; "
+                             f"observe.watchdog.no_progress_s={w.no_progress_s:g}, the upper bound)", w.no_progress_s,
+                             bound=True)
             limit, said = self.window()
-            if limit is not None and now - self.last_progress_at > limit:
-                return f"no new iteration for {now - self.last_progress_at:.0f}s (after iteration {last}; {said})"
-        elif w.startup_s and now - self.started_at > w.startup_s:
-            return f"no iteration line in the first {w.startup_s:g}s (observe.watchdog.startup_s)"
-        if w.no_output_s and now - self.last_output_at > w.no_output_s:
-            return f"no output from any node for {now - self.last_output_at:.0f}s (observe.watchdog.no_output_s)"
+            if limit is not None and limit != w.no_progress_s and quiet(self.last_progress_at) > limit:
+                return Alarm(f"no new iteration for {stalled:.0f}s (after iteration {last}; {said})", limit)
+        elif w.startup_s and quiet(self.started_at) > w.startup_s:
+            return Alarm(f"no iteration line in the first {now - self.started_at:.0f}s (observe.watchdog.startup_s="
+                         f"{w.startup_s:g})", w.startup_s)
+        if w.no_output_s and self.busy is None and quiet(self.last_output_at) > w.no_output_s:
+            return Alarm(f"no news from any node for {now - self.last_output_at:.0f}s (observe.watchdog.no_output_s="
+                         f"{w.no_output_s:g})", w.no_output_s)
+        if w.look_after_s and self.busy is None and now - self.last_output_at > w.look_after_s and \
+                (self.looked_at is None or self.looked_at < self.last_output_at):
+            self.looked_at = now
+            return Alarm(f"no news from any node for {now - self.last_output_at:.0f}s (observe.watchdog.look_after_s="
+                         f"{w.look_after_s:g})", None)
         return None
 
 
-def report(why: str, actors: list, nodes: list[NodeRef], nproc: list[int], report_dir: Path, *, py_spy: bool,
-           flight_recorder: bool, record_timeout_s: float) -> tuple[str, HangVerdict]:
+@dataclass
+class Evidence:
+    """What every node said when asked where its ranks are: flight records (or why none), stacks, NCCL RAS."""
+
+    records: dict[int, dict] = field(default_factory=dict)
+    missing: dict[int, NoRecord] = field(default_factory=dict)
+    dumps: list[StackDump] = field(default_factory=list)
+    findings: dict[int, ras.Finding] = field(default_factory=dict)
+    ras_line: str = ""
+
+    @property
+    def summary(self) -> str:
+        return summarize(self.dumps) if self.dumps else "no stacks collected (observe.watchdog.py_spy is off)"
+
+
+def collect(actors: list, nodes: list[NodeRef], nproc: list[int], *, py_spy: bool, flight_recorder: bool,
+            record_timeout_s: float) -> Evidence:
     """Every rank's flight record and stack dump on every node, and what each node's NCCL RAS says (`actors`: the
-    launch's node actors; `nodes`: who they are; `nproc`: each one's ranks), the stacks written to `report_dir`
-    with `summary.txt`; returns the one-line stack summary and the verdict."""
-    say(f"hang detected: {why}; collecting the flight records and stacks of every rank")
-    report_dir.mkdir(parents=True, exist_ok=True)
-    # Asked of every node at once: each answer is bounded on its node (RAS ~3 s, records `record_timeout_s`, py-spy
-    # 30 s).
+    launch's node actors; `nodes`: who they are; `nproc`: each one's ranks). Asked of every node at once: each
+    answer is bounded on its node (RAS ~3 s, records `record_timeout_s`, py-spy 30 s)."""
     asked = {"ras": [a.ras_status.remote() for a in actors]}
     if flight_recorder:
         asked["records"] = [a.flight_records.remote(record_timeout_s) for a in actors]
@@ -135,33 +184,79 @@ def report(why: str, actors: list, nodes: list[NodeRef], nproc: list[int], repor
     ray.wait([ref for refs in asked.values() for ref in refs], num_returns=sum(map(len, asked.values())),
              timeout=_STACKS_TIMEOUT_S)
     answers = {what: _answers(nodes, refs, what) for what, refs in asked.items()}
-    records: dict[int, dict] = {}
-    missing: dict[int, NoRecord] = {}
+    evidence = Evidence()
     by_rank = rank_nodes(nodes, nproc)
     for node, answer in zip(nodes, answers.get("records", [])):
         if answer is None:
-            missing.update({r: NoRecord(reason="no answer from its node") for r, n in by_rank.items()
-                            if n.node == node.node})
+            evidence.missing.update({r: NoRecord(reason="no answer from its node") for r, n in by_rank.items()
+                                     if n.node == node.node})
         for rank, record in (answer or {}).items():
             if isinstance(record, dict):
-                records[int(rank)] = record
+                evidence.records[int(rank)] = record
             else:
-                missing[int(rank)] = record
-    dumps: list[StackDump] = [d for answer in answers.get("stacks", []) for d in answer or []]
-    findings, ras_line = ras.attribute([a for a in answers["ras"] if a is not None])
-    for d in dumps:
+                evidence.missing[int(rank)] = record
+    evidence.dumps = [d for answer in answers.get("stacks", []) for d in answer or []]
+    evidence.findings, evidence.ras_line = ras.attribute([a for a in answers["ras"] if a is not None])
+    return evidence
+
+
+def write_report(why: str, evidence: Evidence, verdict: HangVerdict, report_dir: Path) -> None:
+    """The hang report: every rank's stack (`rank-0003.txt`, a helper's `r1-pid123.txt`), `summary.txt`,
+    `verdict.json`, and what torch's flight-recorder analyzer printed over the records (`analyzer.txt`)."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    for d in evidence.dumps:
         name = f"rank-{int(d.rank):04d}.txt" if d.rank.isdigit() else f"{d.rank.replace(':', '-')}.txt"
         (report_dir / name).write_text(d.text + (f"\n# py-spy error: {d.error}\n" if d.error else ""))
-    summary = summarize(dumps) if dumps else "no stacks collected (observe.watchdog.py_spy is off)"
-    verdict = judge(records, missing, dumps, nodes, nproc, findings)
-    verdict.ras = ras_line
-    (report_dir / "summary.txt").write_text(f"{why}\n{summary}\n{ras_line}\n{verdict.line()}\n")
+    (report_dir / "summary.txt").write_text(f"{why}\n{evidence.summary}\n{evidence.ras_line}\n{verdict.line()}\n")
     (report_dir / "verdict.json").write_text(verdict.model_dump_json(indent=2))
-    say(f"stacks: {summary}")
-    say(ras_line)
-    say(f"hang verdict: {verdict.line()}")
-    say(f"hang report: {report_dir}")
-    return summary, verdict
+    if verdict.analyzer_output:
+        (report_dir / "analyzer.txt").write_text(verdict.analyzer_output)
+
+
+def inspect(actors: list, nodes: list[NodeRef], nproc: list[int], ended: dict[int, tuple[int, float]], *,
+            py_spy: bool, flight_recorder: bool, record_timeout_s: float) -> tuple[Evidence, HangVerdict]:
+    """Where every rank is, and the verdict on it (`ended`: global rank -> (exit code, when) of the ranks that have
+    ended while the launch runs)."""
+    evidence = collect(actors, nodes, nproc, py_spy=py_spy, flight_recorder=flight_recorder,
+                       record_timeout_s=record_timeout_s)
+    verdict = judge(evidence.records, evidence.missing, evidence.dumps, nodes, nproc, evidence.findings, ended)
+    verdict.ras = evidence.ras_line
+    return evidence, verdict
+
+
+HINTS = {
+    "hang": "a rank that never joins a collective: its stack and record say where it is",
+    "ended": "a rank ran out of work before its peers (fewer batches, an early return or exit): give every rank the "
+             "same number of steps (DistributedSampler with drop_last, an even split), or let ranks finish unevenly "
+             "with DDP's join() (torch.distributed.algorithms.Join)",
+    "desync": "the ranks called different collectives at the same point: look for a collective under a rank-dependent "
+              "branch or shapes that differ by rank; rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL, which makes torch "
+              "check every collective's op and shapes across ranks and fail naming them",
+}
+
+
+def picture(verdict: HangVerdict) -> tuple:
+    """What a look saw, to compare with the next: the same ranks waiting in the same place, the same culprits."""
+    where = (verdict.collective.group, verdict.collective.seq) if verdict.collective else verdict.waiting_in
+    return verdict.kind, where, tuple(verdict.waiting), tuple(c.rank for c in verdict.culprits), verdict.undetermined
+
+
+def settled(verdict: HangVerdict, window_s: float | None, seen_before: bool) -> str | None:
+    """Why a verdict shows a collective that cannot complete, or None (a suspicion is not a verdict):
+      * a rank ended, or left (its process is gone), while its peers wait for it; a desync;
+      * ranks have waited in the collective a whole window (their flight records say since when);
+      * the same ranks wait in the same place as at the previous look (`seen_before`)."""
+    if verdict.kind == "ended":
+        return "a rank ended while its peers wait for it"
+    if verdict.kind == "desync":
+        return "the ranks called different collectives"
+    if any(c.why == "its process is gone" for c in verdict.culprits):
+        return "a rank's process is gone"
+    if not verdict.waiting or window_s is None:
+        return None
+    if verdict.waiting_since is not None and time.time() - verdict.waiting_since >= window_s:
+        return f"ranks have waited in the collective for {time.time() - verdict.waiting_since:.0f}s"
+    return "the same ranks still wait in the same place" if seen_before else None
 
 
 def _answers(nodes: list[NodeRef], refs: list, what: str) -> list:
@@ -187,8 +282,15 @@ def rank_nodes(nodes: list[NodeRef], nproc: list[int]) -> dict[int, NodeRef]:
 
 
 def judge(records: dict[int, dict], missing: dict[int, NoRecord], dumps: list[StackDump], nodes: list[NodeRef],
-          nproc: list[int], findings: dict[int, ras.Finding] | None = None) -> HangVerdict:
-    """Who the hang waits for. A rank is named only on evidence about that rank:
+          nproc: list[int], findings: dict[int, ras.Finding] | None = None,
+          ended: dict[int, tuple[int, float]] | None = None) -> HangVerdict:
+    """Who the hang waits for. First what makes a collective impossible whoever else is slow:
+      * a desync: ranks entered different collectives (op, dtype or size) at one sequence number of a group (their
+        flight records; without records, their stacks inside different collectives). The minority is named; where
+        no side is, both are and no one is blamed;
+      * a rank that ended (`ended`: global rank -> (exit code, when)) while live ranks wait inside a collective of
+        a group that holds it, which its record (left at its exit) shows it never joined.
+    Otherwise a rank is named only on evidence about that rank:
       * its own flight record stops before collective #N that its group's other members entered;
       * its process is gone (it exited, or a signal ended it: `missing[rank].evidence`);
       * NCCL's RAS calls it dead, or behind its communicator's operation counts (`findings`, by global rank);
@@ -202,12 +304,17 @@ def judge(records: dict[int, dict], missing: dict[int, NoRecord], dumps: list[St
     if not world:
         return HangVerdict(note="not a launch of ranks (no torchrun ranks to compare)")
     findings = findings or {}
-    stacks = {int(d.rank): d for d in dumps if d.rank.isdigit() and int(d.rank) in by_rank}
+    ended = {r: e for r, e in (ended or {}).items() if r in by_rank}
+    # A rank that left its record at exit, not among those seen to end well: its process is gone (it failed).
+    missing = {**missing, **{r: NoRecord(reason="process gone", detail="it left its record as it exited")
+                             for r, record in records.items() if record.get(flight.ENDED) and r not in ended}}
+    stacks = {int(d.rank): d for d in dumps if d.rank.isdigit() and int(d.rank) in by_rank and int(d.rank) not in ended}
     inside = sorted(r for r, d in stacks.items() if _inside(d))
     outside = sorted(r for r, d in stacks.items() if _known(d) and not _inside(d))
     named: dict[int, Culprit] = {}
     evidence: list[str] = []
     notes: list[str] = []
+    m = flight.match(records, world) if records else None
 
     def name(ranks: list[int], where: Callable[[int], str], why: str, said: str | None) -> None:
         """Name `ranks` on `why`; `said`: the evidence line ("{}": the ranks), None where one says it already."""
@@ -220,13 +327,54 @@ def judge(records: dict[int, dict], missing: dict[int, NoRecord], dumps: list[St
     def at(r: int) -> str:
         return stacks[r].where if r in stacks and _known(stacks[r]) else ""
 
+    def ended_ranks() -> list[EndedRank]:
+        group = m.collective.group if m and m.collective else "0"
+        return [EndedRank(rank=r, node=by_rank[r], exit_code=code, at=when, last=last_done(records.get(r), group))
+                for r, (code, when) in sorted(ended.items())]
+
     def verdict(**fields) -> HangVerdict:
         return HangVerdict(culprits=sorted(named.values(), key=lambda c: c.rank), evidence=evidence,
-                           note="; ".join(n for n in notes if n), **fields)
+                           note="; ".join(n for n in notes if n), ended=ended_ranks(),
+                           analyzer_output=m.analyzer_output if m else "", **fields)
 
     if records:
         evidence.append(f"flight recorder of rank(s) {ranges(sorted(records))}")
-        m = flight.match(records, world)
+    if m is not None and m.sides:  # a desync
+        sides = m.sides
+        if all(len(sides[0].ranks) < len(side.ranks) for side in sides[1:]):
+            name(sides[0].ranks, lambda r: sides[0].call, f"it called {sides[0].call} where its group's others did "
+                 "not", None)
+        return verdict(kind="desync", sides=sides, collective=m.collective, waiting=m.waiting,
+                       waiting_since=m.waiting_since, analyzer=m.analyzer)
+    if m is None or m.collective is None:
+        calls: dict[str, list[int]] = {}
+        for r in inside:  # without records, the stacks: ranks inside different collectives
+            op = stacks[r].where.removeprefix(_STOPPED).split(" ", 1)[0]
+            if op not in _UNSPECIFIC:
+                calls.setdefault(op, []).append(r)
+        if len(calls) > 1:
+            evidence.insert(0, f"stacks of rank(s) {ranges(sorted(stacks))}")
+            sides = sorted((DesyncSide(ranks=ranks, call=op) for op, ranks in calls.items()),
+                           key=lambda side: (len(side.ranks), side.ranks))
+            if all(len(sides[0].ranks) < len(side.ranks) for side in sides[1:]):
+                name(sides[0].ranks, lambda r: sides[0].call, f"its stack is in {sides[0].call} where its group's "
+                     "others are not", None)
+            return verdict(kind="desync", sides=sides, waiting=inside)
+    if ended:  # a rank that ended, and live ranks waiting in a collective it is a member of and never joined
+        if m is not None and m.collective is not None and m.waiting:
+            members = m.members if m.members_known else world
+            seq = m.collective.seq
+            gone = [r for r in ended if r in members and _entered(records.get(r), m.collective.group) < seq]
+            if gone:
+                name(gone, lambda r: f"ended with exit {ended[r][0]}", f"it ended before #{seq}",
+                     "end of rank(s) {}")
+                return verdict(kind="ended", collective=m.collective, waiting=[r for r in m.waiting if r not in ended],
+                               waiting_since=m.waiting_since, analyzer=m.analyzer)
+        elif inside:  # no record of a collective in flight: the live ranks' stacks
+            name(sorted(ended), lambda r: f"ended with exit {ended[r][0]}", "it ended while its peers wait in a "
+                 "collective", "end of rank(s) {}")
+            return verdict(kind="ended", waiting=inside, waiting_in=stacks[inside[0]].where)
+    if m is not None:
         members = [r for r in m.members if r in by_rank] or world
         _gone_and_ras(name, missing, findings, members)
         if m.collective is None:
@@ -239,10 +387,8 @@ def judge(records: dict[int, dict], missing: dict[int, NoRecord], dumps: list[St
                  "stacks of rank(s) {}")
         undecided = [r for r in silent if r not in named]
         notes.append(m.note)
-        for r in m.never_joined:
-            if r in inside:
-                notes.append(f"rank {r} waits in a different collective than #{m.collective.seq} (a desync)")
-        fields = {"collective": m.collective, "waiting": m.waiting, "analyzer": m.analyzer}
+        fields = {"collective": m.collective, "waiting": m.waiting, "analyzer": m.analyzer,
+                  "waiting_since": m.waiting_since}
     else:
         _gone_and_ras(name, missing, findings, world)
         if not stacks and not named:
@@ -257,8 +403,8 @@ def judge(records: dict[int, dict], missing: dict[int, NoRecord], dumps: list[St
         elif stacks and not named:
             notes.append("no rank is inside a collective: the hang is not a collective's")
             return verdict()
-        undecided = [r for r in world if r not in named and r not in inside and r not in outside]
-        fields = {"waiting": inside}
+        undecided = [r for r in world if r not in named and r not in inside and r not in outside and r not in ended]
+        fields = {"waiting": inside, "waiting_in": stacks[inside[0]].where if inside else ""}
     if named:
         if undecided:
             whys = sorted({missing[r].reason for r in undecided if r in missing}) or ["no record"]
@@ -268,8 +414,32 @@ def judge(records: dict[int, dict], missing: dict[int, NoRecord], dumps: list[St
         return verdict(undetermined=True, candidates=[_candidate(r, by_rank, missing, stacks, findings)
                                                       for r in undecided], **fields)
     where = f"#{fields['collective'].seq}" if fields.get("collective") else "a collective"
-    notes.append(f"every member of the group is inside {where}: a desync or the fabric, not one rank")
+    notes.append(f"every member of the group is inside {where}: the fabric, or a rank frozen there, not one rank")
     return verdict(**fields)
+
+
+# Frames that say a rank waits, not which collective it called: no side of a desync.
+_UNSPECIFIC = {"wait", "synchronize", "_wait_for_workers", "_coalescing_manager"}
+
+
+def _entered(record: dict | None, group: str) -> int:
+    """The last collective_seq_id a rank's record shows it entered in `group` (0: none, or no record)."""
+    if not record:
+        return 0
+    seqs = [e.get("collective_seq_id") or 0 for e in record.get("entries") or []
+            if str((e.get("process_group") or [e.get("pg_id", "0")])[0]) == group and not e.get("is_p2p")]
+    return max(seqs + [flight.last_enqueued(record, group)])
+
+
+def last_done(record: dict | None, group: str) -> Collective | None:
+    """The last collective of `group` a rank's record shows completed."""
+    if not record:
+        return None
+    done = [e for e in record.get("entries") or [] if not e.get("is_p2p") and e.get("collective_seq_id")
+            and str((e.get("process_group") or [e.get("pg_id", "0")])[0]) == group and flight.done(e, record)]
+    if not done:
+        return None
+    return flight.collective(max(done, key=lambda e: e["collective_seq_id"]))
 
 
 def _gone_and_ras(name, missing: dict[int, NoRecord], findings: dict[int, ras.Finding], ranks: list[int]) -> None:

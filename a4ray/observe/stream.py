@@ -39,7 +39,11 @@ from a4ray.programs.record import RESULT_MARKER
 _PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
 # Loggers: "WARNING:name:msg" (logging's default), "[WARNING | name]: msg" (megatron-core), "W1125 ... ]" (glog),
 # "[transformers] msg" (transformers 5's handler, transformers/utils/logging.py: it prints WARNING and above).
-_LOG_WARNING = re.compile(r"^(WARNING:|\[WARNING\b|\[?W\d{4} \d\d:\d\d:\d\d|\[transformers\] )")
+_LOG_WARNING = re.compile(r"^(\[rank\d+\]:)?(WARNING:|\[WARNING\b|\[?W\d{4} \d\d:\d\d:\d\d|\[transformers\] )")
+# glog's prefix (time, thread id) differs on every copy of one warning: "[W1128 09:24:13.912000 4738 file.cpp:1730] ".
+_GLOG_STAMP = re.compile(r"^(\[rank\d+\]:)?\[?W\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
+# What C++ prints under a warning: the frames of its stack (torch's TORCH_WARN with a backtrace).
+_CPP_FRAME = re.compile(r"^(frame #\d+: |Exception raised from )")
 
 
 class StreamFilter:
@@ -47,24 +51,30 @@ class StreamFilter:
     warning shown in one launch (the preflight, an attempt before a restart) is not shown again in the next."""
 
     def __init__(self) -> None:
-        self.seen: set[str] = set()  # warnings shown
+        self.seen: set[str] = set()  # warnings shown (glog's time stamp left out)
         self._after_warning: set[str] = set()  # ranks whose previous line was a warning: its source line is next
+        self._held_now: set[str] = set()  # ranks whose previous line was held back: its C++ frames are too
         self._held: dict[str, set[str]] = {}  # since the last summary: warning -> ranks whose copies were held
 
     def show(self, rank: str, text: str, *, progress: bool = False) -> bool:
         """Whether to print `text`, a line of `rank` ("n0 r3"); `progress`: it is an iteration line."""
         follows_warning = rank in self._after_warning
         self._after_warning.discard(rank)
+        if rank in self._held_now and _CPP_FRAME.match(text):
+            return False  # a frame of the C++ stack under a warning held back
+        self._held_now.discard(rank)
         if progress or text.startswith(RESULT_MARKER):
             return False
         if follows_warning and text.startswith((" ", "\t")) and text.strip():
             return False  # the warning's source line (`  warnings.warn(`): in the rank's log
         if _PY_WARNING.match(text) or _LOG_WARNING.match(text):
             self._after_warning.add(rank)
-            if text not in self.seen:
-                self.seen.add(text)
+            key = _GLOG_STAMP.sub("", text)
+            if key not in self.seen:
+                self.seen.add(key)
                 return True
-            self._held.setdefault(text, set()).add(rank)
+            self._held.setdefault(key, set()).add(rank)
+            self._held_now.add(rank)
             return False
         return True
 

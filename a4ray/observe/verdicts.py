@@ -4,7 +4,9 @@ which node), which node is a straggler. They go in the printed failure or progre
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from typing import Literal
+
+from pydantic import BaseModel, Field
 
 from a4ray.observe.stacks import ranges
 
@@ -36,9 +38,16 @@ class Collective(BaseModel):
     output_sizes: list = []
 
     def describe(self) -> str:
-        name = self.group_desc or ("default" if self.group == "0" else self.group)
         sizes = f", sizes {self.input_sizes}" if self.input_sizes else ""
-        return f"{self.op or 'collective'} #{self.seq} of process group {name}{sizes}"
+        return f"{self.op or 'collective'} #{self.seq} of process group {self.group_name}{sizes}"
+
+    @property
+    def group_name(self) -> str:
+        return self.group_desc or ("default" if self.group == "0" else self.group)
+
+    def short(self) -> str:
+        """"all_reduce #4 of group default": the op as the user called it (no backend prefix)."""
+        return f"{self.op.split(':')[-1] or 'collective'} #{self.seq} of group {self.group_name}"
 
 
 class Culprit(BaseModel):
@@ -46,6 +55,31 @@ class Culprit(BaseModel):
     node: NodeRef
     where: str = ""  # what its stack shows, "exited", or what NCCL's RAS said of it
     why: str = ""  # the evidence about this rank: "its flight record", "its stack", "its process is gone", "NCCL RAS"
+
+
+class EndedRank(BaseModel):
+    """A rank whose process ended while others of its launch still ran: seen by its node's launcher (or its node's
+    command ending), with what its record says it did last."""
+
+    rank: int
+    node: NodeRef
+    exit_code: int
+    at: float  # wall clock, when its launcher saw it end
+    last: Collective | None = None  # the last collective its record (left at exit) shows it completed
+
+    def describe(self) -> str:
+        after = f" after {self.last.short()}" if self.last else " (no record of its last collective)"
+        return f"rank {self.rank} ({self.node.describe()}) ended with exit {self.exit_code}{after}"
+
+
+class DesyncSide(BaseModel):
+    """The ranks that called one collective at a sequence number where others called another."""
+
+    ranks: list[int]
+    call: str  # "all_gather_into_tensor #4 ([4096] float32)", or from a stack "all_gather_into_tensor"
+
+    def describe(self) -> str:
+        return f"{'ranks' if len(self.ranks) > 1 else 'rank'} {ranges(self.ranks)} called {self.call}"
 
 
 class Candidate(BaseModel):
@@ -66,6 +100,7 @@ class HangVerdict(BaseModel):
     it, each with why it gave no evidence. `culprits` is empty then, and wherever the evidence is missing or
     disagrees (`note` says which)."""
 
+    kind: Literal["hang", "ended", "desync"] = "hang"  # a rank never joined; a rank ended early; ranks disagree
     collective: Collective | None = None
     culprits: list[Culprit] = []
     waiting: list[int] = []  # ranks inside the collective (or blocked in a collective, from the stacks)
@@ -75,8 +110,28 @@ class HangVerdict(BaseModel):
     candidates: list[Candidate] = []
     ras: str = ""  # one line: what NCCL's RAS said, or why it was not heard
     note: str = ""
+    ended: list[EndedRank] = []  # ranks that had ended when it was judged (kind "ended": the culprits among them)
+    sides: list[DesyncSide] = []  # kind "desync": who called what, the minority first
+    waiting_in: str = ""  # where the waiting ranks' stacks are, when no flight record names the collective
+    waiting_since: float | None = None  # wall clock: when the first waiting rank entered the collective (records)
+    analyzer_output: str = Field("", exclude=True)  # what torch's analyzer printed: the hang report's, not the record's
 
     def line(self) -> str:
+        tail = f" (evidence: {', '.join(self.evidence) or 'none'})" + (f"; {self.note}" if self.note else "")
+        if self.kind == "desync":
+            if self.culprits:
+                minority, rest = self.sides[0], self.sides[1:]
+                said = f"{minority.describe()} while " + "; ".join(s.describe() for s in rest)
+            else:
+                said = "; ".join(s.describe() for s in self.sides) + ": no side is the minority, no one is blamed"
+            return f"desync: {said}{tail}"
+        if self.kind == "ended":
+            blamed = {c.rank for c in self.culprits}
+            who = "; ".join(e.describe() for e in self.ended if e.rank in blamed)
+            where = self.collective.short() if self.collective else (self.waiting_in or "a collective")
+            waiting = (f"{'ranks' if len(self.waiting) > 1 else 'rank'} {ranges(self.waiting)} wait in {where}"
+                       if self.waiting else f"its peers wait in {where}")
+            return f"{who}; {waiting}, which {'it' if len(blamed) == 1 else 'they'} never joined{tail}"
         if self.undetermined:
             waiting = f"ranks {ranges(self.waiting)} wait in {self.collective.describe()}" if self.collective and \
                 self.waiting else "ranks wait in a collective"

@@ -117,3 +117,13 @@ class GangResult(BaseModel):
     def records(self) -> list[dict]:
         return [r for node in self.nodes for r in node.records]
 
+    @property
+    def brief(self) -> str:
+        """The failure in a few words, for the lines after the one that said it whole (a verdict is said once)."""
+        verdict = self.hang_verdict
+        if verdict is not None and self.failure_kind == "hang":  # the supervisor said the verdict whole
+            what = {"ended": "a rank ended early", "desync": "a desync", "hang": "the launch hung"}[verdict.kind]
+            who = ", ".join(f"rank {c.rank}" for c in verdict.culprits) or "no culprit named"
+            return f"{what} ({who}; the verdict above)"
+        return (self.failure or "").splitlines()[0] if self.failure else ""
+

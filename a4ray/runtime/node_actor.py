@@ -52,6 +52,7 @@ from a4ray.spec.cluster import NetworkSpec
 # torchrun --tee prefixes each worker line with "[<role><local_rank>]:".
 _TORCHRUN_PREFIX = re.compile(r"^\[default(\d+)\]:")
 _RANK_LAUNCHERS = ("torch.distributed.run", "a4ray.runtime.ranks")  # a node's launcher is not a rank
+RANK_SITE = str(Path(__file__).resolve().parent / "rank_site")  # its sitecustomize: a rank's record at its exit
 _BUFFER_LINES = 20_000
 _EXEC_BUFFER_LINES = 5_000
 
@@ -267,6 +268,8 @@ class NodeActor:
         if request.flight_recorder:  # defaults only: what the image or user sets wins
             a4ray_vars.update({k: v for k, v in _flight_recorder_env(request).items()
                                if k not in so_far and _FR_OLD_NAMES.get(k) not in so_far})
+            # A rank that ends normally leaves its record (rank_site/sitecustomize.py): evidence when it ended early
+            a4ray_vars["PYTHONPATH"] = os.pathsep.join([RANK_SITE, a4ray_vars["PYTHONPATH"]]).rstrip(os.pathsep)
         layers.append(EnvLayer("a4ray", a4ray_vars))
         layers += [EnvLayer(workload_env_name, request.env), EnvLayer("user", request.network.env)]
         launch_env = build_env(base, layers)
@@ -654,6 +657,7 @@ def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
         "TORCH_FR_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_FR_DUMP_TEMP_FILE": f"{request.log_dir}/flight-recorder/nccl_trace_rank_",
+        flight.EXIT_DUMP_ENV: f"{request.log_dir}/flight-recorder/{flight.EXIT_DUMP_PREFIX}",
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{pipes}/pipe_",
         FR_SOCKET_DIR_ENV: str(pipes),  # a4ray's programs serve their record there (rank_<RANK>.sock)
     }

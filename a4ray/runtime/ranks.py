@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,7 +48,11 @@ import psutil
 ROLE = "default"  # torchrun's role name: its --tee prefix is "[default<local rank>]:"
 MONITOR_INTERVAL_S = 0.1  # torchrun's default monitor_interval
 DRAIN_S = 2.0  # how long output left in a pipe may hold the node once its processes are gone
+SETTLE_S = 3.0  # after the first failure: how long ranks ending by themselves have before the node stops them
 FAILURE_HEADER = "a4ray.runtime.ranks: a rank failed; the node's other ranks are being stopped"
+# A rank that ended with exit 0 while others of the node still run: the supervisor judges it at once (its peers
+# may wait for it in a collective it will never join). Parsed by `ended_rank`.
+ENDED_MARKER = "a4ray.runtime.ranks: rank ended early:"
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -189,9 +194,13 @@ class Node:
         """Watch the ranks' pids until every rank has ended, the first fails, or the node is told to stop; then
         stop every process of the node. Returns the node's exit code."""
         while not self.stopping:
-            for rank in self.ranks:
-                if rank.check() and rank.code != 0 and self.first_failure is None:
+            ended = [rank for rank in self.ranks if rank.check()]
+            for rank in ended:
+                if rank.code != 0 and self.first_failure is None:
                     self.first_failure = rank
+            for rank in ended:  # said before a failure seen with it: a peer's failure may be the echo of its end
+                if rank.code == 0 and (self.first_failure is not None or any(r.code is None for r in self.ranks)):
+                    self._ended_early(rank)
             if self.first_failure is not None or all(r.code is not None for r in self.ranks):
                 break
             self._reap_orphans()
@@ -199,6 +208,7 @@ class Node:
         if self.first_failure is not None:
             self.first_failure.relay.join(0.2)  # its last lines, if nothing else holds its pipe
             self._report(self.first_failure)
+            self._settle()
         self.stop()
         for rank in self.ranks:
             rank.proc.wait()  # reaped only now: until here their numbers named only their own groups
@@ -271,6 +281,24 @@ class Node:
     def on_signal(self, signum, _frame) -> None:
         self.stopping = True  # the wait loop sees it within its poll interval; no lock in a handler
 
+    def _settle(self) -> None:
+        """After the first failure, a moment for ranks that are ending by themselves: a rank that left cleanly (its
+        `destroy_process_group()` closed its connections) fails its gloo peers before its own interpreter has
+        exited, and its end, said here, is the cause the supervisor names instead of the peer's echo. The gang's
+        stop (SIGTERM to this launcher) ends the wait at once."""
+        deadline = time.monotonic() + SETTLE_S
+        while not self.stopping and time.monotonic() < deadline and any(r.code is None for r in self.ranks):
+            for rank in self.ranks:
+                if rank.check() and rank.code == 0:
+                    self._ended_early(rank)
+            time.sleep(MONITOR_INTERVAL_S)
+
+    def _ended_early(self, rank: Rank) -> None:
+        running = [global_rank(self.args, r.local_rank) for r in self.ranks if r.code is None]
+        with self.out_lock:
+            print(f"{ENDED_MARKER} rank {global_rank(self.args, rank.local_rank)} (local_rank: {rank.local_rank}) "
+                  f"exitcode 0 at {rank.ended_at:.3f}; still running here: {running}", flush=True)
+
     def _report(self, rank: Rank) -> None:
         code = rank.code or 0
         detail = f"exitcode  : {code}" + (f" (pid terminated by {signal.Signals(-code).name})" if code < 0 else "")
@@ -283,6 +311,15 @@ class Node:
                   f"  host      : {os.uname().nodename}\n"
                   f"  rank      : {global_rank(self.args, rank.local_rank)} (local_rank: {rank.local_rank})\n"
                   f"  {detail}" + (f"\n  cause     : {cause}" if cause else ""), flush=True)
+
+
+_ENDED = re.compile(re.escape(ENDED_MARKER) + r" rank (\d+) \(local_rank: (\d+)\) exitcode (-?\d+) at ([\d.]+)")
+
+
+def ended_rank(line: str) -> tuple[int, int, int, float] | None:
+    """(global rank, local rank, exit code, when) from the launcher's line on a rank that ended early."""
+    m = _ENDED.match(line)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3)), float(m.group(4))) if m else None
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

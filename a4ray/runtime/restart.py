@@ -54,7 +54,8 @@ def should_retry(result: GangResult, policy: RestartSpec, attempt: int) -> tuple
 
 def blamed_nodes(result: GangResult) -> dict[str, tuple[NodeEventKind, str]]:
     """The hosts a failed launch is attributed to, each with what happened: the node that was lost, the nodes
-    of a hang verdict's culprits (the watchdog's or NCCL's timeout's). Nothing else is any one node's fault on the evidence a4ray has."""
+    of a hang verdict's culprits (the watchdog's or NCCL's timeout's; not those of a rank that ended early or a
+    desync: the program's). Nothing else is any one node's fault on the evidence a4ray has."""
     if result.ok:
         return {}
     by_gang_rank = {n.gang_rank: n for n in result.nodes}
@@ -63,7 +64,9 @@ def blamed_nodes(result: GangResult) -> dict[str, tuple[NodeEventKind, str]]:
         return {node.host or node.hostname: ("lost", f"node {node.gang_rank} ({node.ip}) was lost in launch "
                                                      f"{result.launch_id}")}
     blamed: dict[str, tuple[NodeEventKind, str]] = {}
-    if result.hang_verdict is not None:  # a hang, or NCCL's own timeout of a collective
+    # A hang, or NCCL's own timeout of a collective. A rank that ended early or called another collective is the
+    # program's doing, not its node's.
+    if result.hang_verdict is not None and result.hang_verdict.kind == "hang":
         verdict = result.hang_verdict
         for c in verdict.culprits:
             what = f"never joined {verdict.collective.describe()}" if verdict.collective else f"was in {c.where}"

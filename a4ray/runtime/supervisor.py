@@ -24,12 +24,13 @@ import ray
 from a4ray.core.console import say
 from a4ray.observe import flight, hang, metrics, stream
 from a4ray.observe.progress import Progress, progress_summary
+from a4ray.observe.stacks import ranges
 from a4ray.observe.straggler import StragglerCheck
-from a4ray.observe.verdicts import HangVerdict, NodeRef, Straggler
+from a4ray.observe.verdicts import Culprit, EndedRank, HangVerdict, NodeRef, Straggler
 from a4ray.runtime.deaths import ACTOR_GONE, why_died
 from a4ray.runtime.launch import Launch, LaunchTimes
 from a4ray.runtime.node_actor import Line, Poll
-from a4ray.runtime.ranks import FAILURE_HEADER
+from a4ray.runtime.ranks import FAILURE_HEADER, ended_rank
 from a4ray.spec.resilience import ObserveSpec
 
 LAST_LINES = 20
@@ -39,6 +40,17 @@ LAST_LINES = 20
 POLL_WAIT_S = 5.0
 NCCL_TIMEOUT = "Watchdog caught collective operation timeout"  # ProcessGroupNCCL's, before it dumps and aborts
 _LOST_CHECK_S = 10.0  # after a node fails: how long its peers have to show they are alive
+# After a rank ends while others run: when to look where the others are (seconds after the end, then again and
+# again, until they end too, the launch fails, or the exit barrier passes). The first look lets peers that were
+# finishing their own last step end too.
+_AFTER_END_S = (2.0, 5.0, 15.0, 30.0, 60.0)
+# A peer's failure that is the echo of a rank that left: gloo's, NCCL's and the socket's words for it.
+_ECHO_WAIT_S = 3.0  # a failure in a peer-gone's words: how long the rank that left has to be seen
+_ECHO = re.compile(r"Connection (closed|reset) by peer|remote process exited|ncclRemoteError|Broken pipe|"
+                   r"socket closed|recvBytes failed|peer closed")
+# torch's own lines that a blocked rank prints every second, which say nothing about the run's progress.
+_TORCH_NOISE = re.compile(r"Failed to check the \"should dump\" flag on TCPStore|ProcessGroupNCCL.*heartbeat|"
+                          r"HeartbeatMonitor|TCPStore.*(Broken pipe|Connection reset)")
 
 LineObserver = Callable[[int, Line], None]
 
@@ -92,7 +104,7 @@ class Supervisor:
         self.tags = tags
         self.stream = stream.for_run(tags[1])  # warnings shown in earlier launches of the run stay shown
         self.cursors = {rank: 0 for rank in range(len(members))}
-        self.ended: set[int] = set()  # ranks whose command has ended and handed out every line
+        self.finished: set[int] = set()  # nodes whose command has ended and handed out every line
         self.rank_tails: dict[tuple[int, int], list[str]] = {}
         self.outcome = Outcome()
         self.watchdog = hang.Watchdog(observe.watchdog)
@@ -101,6 +113,13 @@ class Supervisor:
         self.last_progress: Progress | None = None
         self.stopping = False  # the nodes are being stopped: what they print now goes to their logs only
         self.stream_closed = False
+        self.first_rank = [sum(self.nproc[:rank]) for rank in range(len(members))]  # a launch's global rank numbering
+        self.ended_ranks: dict[int, tuple[int, float]] = {}  # global rank -> (exit code, when) while others ran
+        self.looks_after_end = 0  # inspections since the latest rank ended
+        self.inspect_at: float | None = None  # monotonic: an inspection is due (a rank ended while others run)
+        self.suspicion: tuple[tuple, float] | None = None  # (what a look saw of ranks waiting, when to look again)
+        self.said_not_hung = False
+        self.suspected_at: float | None = None  # wall clock: the first look of the latest suspicion
 
     def _emit(self, rank: int, poll: Poll) -> None:
         node = self.members[rank]
@@ -110,19 +129,26 @@ class Supervisor:
             say(f"[n{node}] ... {poll.dropped} lines not streamed (driver fell behind); "
                 f"they are in the node log")
         tail = self.outcome.tails.setdefault(rank, [])
+        news = False  # a line held back as a repeat, or torch's own noise, is no news for the watchdog
         for line in poll.lines:
             if line.compute is not None:  # a window of every rank's compute time: judged, kept in the logs
                 self.outcome.stragglers = list(self.stragglers.window(line.compute))
                 continue
+            if line.local_rank is None and (ended := ended_rank(line.text)) is not None:
+                self._rank_ended(ended[0], ended[2], ended[3])  # the launcher's word: kept in the logs, judged
+                tail.append(line.text)
+                continue
             if line.local_rank is not None:
-                who = f"n{node} r{rank * self.nproc[rank] + line.local_rank}"
+                who = f"n{node} r{self.first_rank[rank] + line.local_rank}"
                 rank_tail = self.rank_tails.setdefault((rank, line.local_rank), [])
                 rank_tail.append(line.text)
                 del rank_tail[:-LAST_LINES]
             else:
                 who = f"n{node}"
-            if self.stream.show(who, line.text, progress=line.progress is not None) and not self.stopping:
+            shown = self.stream.show(who, line.text, progress=line.progress is not None)
+            if shown and not self.stopping:
                 print(f"[{who}] {line.text}", flush=True)
+            news = news or (shown and not _TORCH_NOISE.search(line.text))
             for observer in self.observers:
                 observer(rank, line)
             if line.progress is not None:
@@ -130,7 +156,7 @@ class Supervisor:
             tail.append(line.text)
         del tail[:-LAST_LINES]
         if poll.lines:
-            self.watchdog.output(line.text for line in poll.lines)  # a line may say the run is busy (a save)
+            self.watchdog.output((line.text for line in poll.lines), news)  # a line may say the run is busy (a save)
 
     def _on_progress(self, progress: Progress) -> None:
         out = self.outcome
@@ -164,17 +190,91 @@ class Supervisor:
         if held:
             say(held)
 
-    def _on_hang(self, why: str) -> None:
-        metrics.record_hang(*self.tags)
+    # ------------------------------------------------------------------ ranks that end early, hangs, desyncs
+    def _rank_ended(self, rank: int, code: int, at: float) -> None:
+        """Global rank `rank` ended (exit `code`, at wall time `at`) while others of the launch run: an event, judged
+        at once. Its peers may wait for it in a collective it will never join (NCCL's block without an error)."""
+        if rank in self.ended_ranks or self.stopping:
+            return
+        self.ended_ranks[rank] = (code, at)
+        self.looks_after_end = 0
+        self.inspect_at = time.monotonic() + _AFTER_END_S[0]
+
+    def _check(self) -> bool:
+        """Whether the launch is over for a rank that ended, the watchdog, or the exit barrier (judged here)."""
         w = self.observe.watchdog
-        summary, verdict = hang.report(why, self.actors, self.nodes, self.nproc, self.hang_dir, py_spy=w.py_spy,
-                                       flight_recorder=w.flight_recorder, record_timeout_s=w.record_timeout_s)
+        if not w.enabled:
+            return False
+        now = time.monotonic()
+        if self.ended_ranks:
+            first = min(at for _, at in self.ended_ranks.values())
+            ended = ranges(sorted(self.ended_ranks))
+            if w.exit_barrier_s and time.time() - first > w.exit_barrier_s:
+                return self._judge(f"the launch's other ranks still run {time.time() - first:.0f}s after rank(s) "
+                                   f"{ended} ended (observe.watchdog.exit_barrier_s={w.exit_barrier_s:g}, as "
+                                   f"torchrun's exit barrier)", None, bound=True)
+            if self.inspect_at is not None and now >= self.inspect_at:
+                self.looks_after_end += 1
+                self.inspect_at = now + _AFTER_END_S[min(self.looks_after_end, len(_AFTER_END_S) - 1)]
+                codes = sorted({code for code, _ in self.ended_ranks.values()})
+                if self._judge(f"rank(s) {ended} ended (exit {', '.join(map(str, codes))}) while the launch's "
+                               f"other ranks run", None):
+                    return True
+        alarm = self.watchdog.alarm(self.outcome.last_iteration)
+        if alarm is None:
+            self.suspicion = None
+            return False
+        if alarm.bound:
+            return self._judge(alarm.why, alarm.window_s, bound=True)
+        if self.suspicion is None or now >= self.suspicion[1]:
+            return self._judge(alarm.why, alarm.window_s)
+        return False
+
+    def _judge(self, why: str, window_s: float | None, *, bound: bool = False) -> bool:
+        """Look where every rank is and judge it: True, and the outcome set, where the evidence shows a collective
+        that cannot complete (`hang.settled`), or at an upper bound (`bound`) whatever it shows. A look that finds
+        ranks waiting, not yet long enough to tell, looks again; one that finds none waiting re-arms the watchdog."""
+        w = self.observe.watchdog
+        if self.suspicion is None:
+            self.suspected_at = time.time()
+        evidence, verdict = hang.inspect(self.actors, self.nodes, self.nproc, self.ended_ranks, py_spy=w.py_spy,
+                                         flight_recorder=w.flight_recorder, record_timeout_s=w.record_timeout_s)
+        picture = hang.picture(verdict)
+        seen_before = self.suspicion is not None and self.suspicion[0] == picture
+        settled = "the upper bound" if bound else hang.settled(verdict, window_s, seen_before)
+        if settled:
+            self._decide(why, evidence, verdict)
+            return True
+        if window_s is None:  # a look: it settles only an ended rank or a desync
+            return False
+        if verdict.waiting:  # someone waits in a collective: look again once it has waited a while
+            self.suspicion = (picture, time.monotonic() + min(30.0, max(2.0, window_s / 2)))
+            return False
+        self.suspicion = None
+        self.watchdog.rearm()
+        if not self.said_not_hung:
+            self.said_not_hung = True
+            say(f"{why}; no rank waits in a collective ({evidence.summary}): not a hang")
+        return False
+
+    def _decide(self, why: str, evidence: hang.Evidence, verdict: HangVerdict) -> None:
+        metrics.record_hang(*self.tags)
         for culprit in {c.node.node: c for c in verdict.culprits}.values():
             metrics.record_culprit(*self.tags, culprit.node)
+        hang.write_report(why, evidence, verdict, self.hang_dir)
         out = self.outcome
         out.kind, out.hang_report, out.hang_verdict = "hang", str(self.hang_dir), verdict
-        out.message = f"the launch hung: {why}; {verdict.line()}; {summary}"
-        out.hint = f"stack dumps and the verdict are in {self.hang_dir}, flight records under the logs' flight-recorder/"
+        if verdict.kind == "hang":
+            out.times.fault_seen_at = self.suspected_at or time.time()
+            out.message = f"the launch hung: {why}; {verdict.line()}"
+        else:
+            out.times.fault_seen_at = min((at for _, at in self.ended_ranks.values()), default=None) \
+                if verdict.kind == "ended" else self.suspected_at or time.time()
+            out.message = verdict.line()
+        out.times.verdict_at = time.time()
+        out.hint = f"{hang.HINTS[verdict.kind]}; stacks, flight records and torch's analyzer are in {self.hang_dir}"
+        say(f"verdict: {out.message}")
+        say(f"hang report: {self.hang_dir}")
 
     def watch(self) -> Outcome:
         try:
@@ -199,7 +299,7 @@ class Supervisor:
                         return self._finish()
                     self._emit(rank, poll)
                     if not poll.running:
-                        self.ended.add(rank)
+                        self.finished.add(rank)
                     if poll.running and self._rank_failed(rank):
                         # The node's launcher reports a dead rank the moment it sees it, then stops the node's
                         # other ranks; the gang stops now, not when that node has: its peers on other nodes
@@ -212,9 +312,10 @@ class Supervisor:
                         self._node_failed(rank, f"exited with code {poll.exit_code}{signal_name(poll.exit_code)}",
                                           sorted(set(pending.values())))
                         return self._finish()
-                why = self.watchdog.why(out.last_iteration) if pending else None
-                if why:
-                    self._on_hang(why)
+                    elif any(r not in self.standby for r in pending.values()):  # ended well while others run
+                        for local in range(self.nproc[rank]):
+                            self._rank_ended(self.first_rank[rank] + local, 0, time.time())
+                if pending and self._check():
                     return self._finish()
                 if self.deadline is not None and time.monotonic() >= self.deadline and pending:
                     out.kind, out.message = "timeout", f"the launch ran past its timeout ({self.timeout_s:g}s)"
@@ -234,16 +335,45 @@ class Supervisor:
             and root_cause(tail) is not None
 
     def _node_failed(self, rank: int, how: str, peers: list[int]) -> None:
-        """Node `rank` failed (`how`: "exited with code 1"); unless a lost peer explains it, it is the launch's
-        failure."""
+        """Node `rank` failed (`how`: "exited with code 1"); unless a lost peer or a rank that left before it explains
+        it, it is the launch's failure."""
         failed = f"node {self.members[rank]} ({self.wheres[rank]}) {how}"
-        lost = self._lost_among([p for p in peers if p != rank])
+        others = [p for p in peers if p != rank]
+        self._catch_up(others, 0.0)
+        if self._echo(rank) and not self.ended_ranks:
+            # The words of a peer gone: a rank that left cleanly fails its gloo peers before its own process has
+            # exited. Its end (its launcher's line, its node's settle) or a failure of its own is the cause.
+            deadline = time.monotonic() + _ECHO_WAIT_S
+            while not self.ended_ranks and time.monotonic() < deadline:
+                self._catch_up([rank, *others], 0.5)
+                if first := next((p for p in others if self._rank_failed(p) and not self._echo(p)), None):
+                    rank, failed = first, f"node {self.members[first]} ({self.wheres[first]}) reported it"
+                    break
+        lost = self._lost_among(others)
         if lost is None:
             self._fail(rank, "failed", failed, how)
         else:  # the failure was the echo of a lost peer (a collective's peer vanished)
             lost_rank, why = lost
             self._fail(lost_rank, "lost", self._lost(lost_rank, f"its node actor is gone (Ray: {why}); "
                                                                 f"{failed} after it"))
+
+    def _echo(self, rank: int) -> bool:
+        """Node `rank`'s failed rank ended with the words of a peer gone (gloo's "Connection closed by peer", ...)."""
+        tail = self.outcome.tails.get(rank, [])
+        cause = root_cause(tail)
+        lines = self.rank_tails.get((rank, cause[1]), []) if cause else tail
+        return any(_ECHO.search(line) for line in lines or tail)
+
+    def _catch_up(self, ranks: list[int], wait_s: float) -> None:
+        """The lines these nodes have printed by now, or within `wait_s` (their launchers' word on ranks that ended
+        among them)."""
+        refs = {self.actors[r].poll.remote(self.cursors[r], wait_s): r for r in ranks}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s + 5)
+        for ref in ready:
+            try:
+                self._emit(refs[ref], ray.get(ref))
+            except Exception:  # noqa: BLE001 - a node that cannot answer now is judged by _lost_among
+                continue
 
     def _lost_among(self, ranks: list[int]) -> tuple[int, str] | None:
         """The first of `ranks` whose node actor is gone, with Ray's word on why. When a node dies, its peers'
@@ -268,6 +398,10 @@ class Supervisor:
             out.lost.add(rank)
         tail = out.tails.get(rank, [])
         cause = root_cause(tail) if self.nproc[rank] and kind == "failed" else None
+        left = self._left_before(self.rank_tails.get((rank, cause[1]), []) or tail) if cause else None
+        if left is not None:  # the failure is the echo of a rank that left: that rank is the cause
+            self._echo_of(left, cause, tail)
+            return
         if cause:
             global_rank, local_rank, code = cause
             ended = signal_name(code).strip(" ()").replace("killed by", "was killed by") or f"exited with code {code}"
@@ -283,6 +417,49 @@ class Supervisor:
             if out.hang_verdict is not None:
                 message += f" (NCCL's watchdog timed out a collective; {out.hang_verdict.line()})"
         out.message = message + (":\n" + "\n".join(f"    {t}" for t in tail[-LAST_LINES:]) if tail else "")
+
+    def _left_before(self, tail: list[str]) -> list[int] | None:
+        """The ranks that ended well (exit 0) before this failure, when the failed rank's words are those of a peer
+        gone (gloo's "Connection closed by peer", NCCL's remote error): the failure is their echo."""
+        left = sorted(r for r, (code, _) in self.ended_ranks.items() if code == 0)
+        return left if left and any(_ECHO.search(line) for line in tail) else None
+
+    def _echo_of(self, left: list[int], cause: tuple[int, int, int], tail: list[str]) -> None:
+        out = self.outcome
+        by_rank = hang.rank_nodes(self.nodes, self.nproc)
+        failed_rank = cause[0]
+        echo = next((m.group(0) for line in tail if (m := _ECHO.search(line))), "a peer gone")
+        ended = []
+        for r in left:
+            code, at = self.ended_ranks[r]
+            record = self._exit_record(r)
+            ended.append(EndedRank(rank=r, node=by_rank[r], exit_code=code, at=at,
+                                   last=hang.last_done(record, "0") if record else None))
+        out.hang_verdict = HangVerdict(
+            kind="ended", ended=ended, waiting=[failed_rank],
+            culprits=[Culprit(rank=e.rank, node=e.node, where=f"ended with exit {e.exit_code}",
+                              why="it ended while its peers were in a collective with it") for e in ended],
+            evidence=[f"end of rank(s) {ranges(left)}", f"rank {failed_rank}'s {echo!r}"])
+        out.kind = "failed"
+        out.failed_node = next(n for n in range(len(self.nodes)) if self.nodes[n].node == ended[0].node.node)
+        out.times.fault_seen_at = min(e.at for e in ended)
+        rank_tail = self.rank_tails.get((self._launch_rank(failed_rank), cause[1]), [])
+        said = "; ".join(e.describe() for e in ended)
+        out.message = (f"{said}; rank {failed_rank} (local rank {cause[1]}) on {by_rank[failed_rank].describe()} then "
+                       f"failed with {echo!r}, its echo, not a cause of its own; last lines of rank {failed_rank}:\n"
+                       + "\n".join(f"    {t}" for t in (rank_tail or tail)[-LAST_LINES:]))
+        out.hint = hang.HINTS["ended"]
+
+    def _launch_rank(self, global_rank: int) -> int:
+        """The launch rank of the node that runs `global_rank`."""
+        return max(n for n in range(len(self.first_rank)) if self.first_rank[n] <= global_rank)
+
+    def _exit_record(self, rank: int) -> dict | None:
+        """The flight record rank `rank` left as it exited (runtime/rank_site), if any."""
+        try:
+            return flight.read_dump(self.records_dir / f"{flight.EXIT_DUMP_PREFIX}{rank}")
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return None
 
     def _nccl_timeout_verdict(self) -> HangVerdict | None:
         """The verdict from the flight records NCCL dumped on its timeout (TORCH_NCCL_DUMP_ON_TIMEOUT), if any."""
@@ -305,9 +482,14 @@ class Supervisor:
         with a poll pending: a Ctrl-C / SIGTERM lands between taking a poll's result and asking again as often
         as not (it is sent on seeing a line), and that rank's command must stop too."""
         out = self.outcome
-        running = set(range(len(self.members))) - self.ended
+        running = set(range(len(self.members))) - self.finished
         self._close_stream()
-        say(f"stopping {len(running)} node(s): {out.message.splitlines()[0] if out.message else ''}")
+        if out.kind != "done":
+            out.times.fault_seen_at = out.times.fault_seen_at or (time.time() if out.kind != "cancelled" else None)
+            out.times.verdict_at = out.times.verdict_at or time.time()
+        said = {"hang": "the verdict above", "failed": "the failure below", "lost": "a node was lost",
+                "timeout": "past the timeout", "cancelled": "cancelled"}.get(out.kind, "")
+        say(f"stopping {len(running)} node(s)" + (f": {said}" if said else ""))
         self.stopping = True
         self.stop([self.members[rank] for rank in sorted(running - out.lost)])
         for rank in sorted(running - out.lost):

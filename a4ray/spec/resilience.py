@@ -29,19 +29,28 @@ NEVER_PATTERNS = [
 
 
 class WatchdogSpec(Spec):
-    """A hang is, once training runs, no new iteration line for the run's own pace (`pace_multiple` x its
-    median time per iteration, at least `pace_floor_s`, at most `no_progress_s`; a checkpoint being saved, an
-    evaluation or an `a4ray: busy` line leaves only `no_progress_s` until the run says it is done), nothing in the
-    first `startup_s`, or no output at all for `no_output_s`. On a hang: flight records, stacks and NCCL's RAS of
-    every rank, then restart (if the restart policy allows) or fail."""
+    """A suspicion is, once training runs, no new iteration line for the run's own pace (`pace_multiple` x its
+    median time per iteration, at least `pace_floor_s`; a checkpoint being saved, an evaluation or an `a4ray: busy`
+    line suspends it until the run says it is done), nothing in the first `startup_s`, or no news from any node for
+    `no_output_s`. A suspicion starts an inspection (flight records, stacks and NCCL's RAS of every rank); the launch
+    ends on evidence of a collective that cannot complete (a rank gone or ended, a desync, ranks waiting a whole
+    window in a collective some rank never joined), or at the upper bound `no_progress_s`. A rank that ends while
+    others run is judged at once; finished ranks wait at most `exit_barrier_s` for the rest. Then restart (if the
+    restart policy allows) or fail."""
 
     enabled: bool = True
-    no_progress_s: Seconds | None = Field(1800, description="max time between iteration lines, whatever the pace")
+    no_progress_s: Seconds | None = Field(1800, description="max time between iteration lines, whatever the pace "
+                                          "or the evidence: the upper bound")
     pace_multiple: Number | None = Field(20, gt=0, le=1_000_000, description="a hang is no new iteration for this "
                                          "many times the run's median time per iteration (null: no_progress_s only)")
     pace_floor_s: Seconds = Field(120, description="the run's pace never judges a hang sooner than this")
     startup_s: Seconds | None = Field(None, description="max time to the first iteration line")
-    no_output_s: Seconds | None = Field(None, description="max time with no output from any node")
+    no_output_s: Seconds | None = Field(120, description="no news from any node this long starts an inspection "
+                                        "(repeats and torch's heartbeat warnings are no news)")
+    look_after_s: Seconds | None = Field(30, description="no news from any node this long: look once whether a rank "
+                                         "ended or the ranks called different collectives (judges nothing else)")
+    exit_barrier_s: Seconds | None = Field(300, description="how long ranks that ended wait for the others to end "
+                                           "(torchrun's exit barrier is 300 s)")
     py_spy: bool = Field(True, description="dump the Python stacks of every rank on a hang")
     flight_recorder: bool = Field(
         True, description="keep PyTorch's NCCL flight recorder on (TORCH_FR_BUFFER_SIZE) and dump it on a hang")
@@ -53,17 +62,21 @@ class WatchdogSpec(Spec):
         if not self.enabled:
             return "off (observe.watchdog.enabled=false)"
         bound = f"{self.no_progress_s:g}s" if self.no_progress_s else "no bound"
-        parts = [f"a hang is no new iteration for max({self.pace_floor_s:g}s, {self.pace_multiple:g} x the run's "
-                 f"median time per iteration x the iterations between its lines), at most {bound}, once two "
-                 f"iteration lines have come; a checkpoint save, an evaluation or an `a4ray: busy` line allows "
-                 f"{bound} until the run says it is done" if self.pace_multiple else
-                 f"a hang is no new iteration for {bound}" if self.no_progress_s else
-                 "no new iteration is never a hang (no_progress_s and pace_multiple are null)"]
+        parts = [f"no new iteration for max({self.pace_floor_s:g}s, {self.pace_multiple:g} x the run's median time "
+                 f"per iteration x the iterations between its lines) once two iteration lines have come (not while a "
+                 f"checkpoint save, an evaluation or an `a4ray: busy` line runs)" if self.pace_multiple else ""]
         if self.startup_s:
             parts.append(f"no iteration line in the first {self.startup_s:g}s")
         if self.no_output_s:
-            parts.append(f"no output from any node for {self.no_output_s:g}s")
-        return "; or ".join(parts)
+            parts.append(f"no news from any node for {self.no_output_s:g}s")
+        suspicion = "; or ".join(p for p in parts if p) or "nothing"
+        look = (f"; {self.look_after_s:g}s without news, a look for an ended rank or a desync" if self.look_after_s
+                else "")
+        barrier = (f"; ranks that ended wait {self.exit_barrier_s:g}s for the rest" if self.exit_barrier_s else "")
+        return (f"a rank that ends while others run is judged at once{look}; a suspicion ({suspicion}) starts an "
+                f"inspection, and the launch ends on evidence of a collective that cannot complete (a rank gone or "
+                f"ended, a desync, ranks waiting a whole window in a collective some rank never joined); a hang "
+                f"whatever the evidence at no new iteration for {bound}{barrier}")
 
 
 class RestartSpec(Spec):

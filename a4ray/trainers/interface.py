@@ -184,5 +184,5 @@ class LoopResult(WorkloadResult):
             verdict = (f"PASS: {trained} iteration(s) to {record['iterations']} on {record['world_size']} rank(s) "
                        f"({record['backend']}){resumed}{loss}; checkpoint {record['checkpoint']}")
         else:
-            verdict = f"FAIL: {(gang.failure or 'the trainer reported no result').splitlines()[0]}"
+            verdict = f"FAIL: {gang.brief or 'the trainer reported no result'}"
         return cls(ok=ok, verdict=verdict, gang=gang, **fields)

@@ -359,7 +359,7 @@ class PaiTrain(Trainer):
             loss = f", lm loss {last.loss:.4g}" if last and last.loss is not None else ""
             verdict = f"PASS: Pai trained {iterations} iterations{loss}; checkpoints in {self.checkpoint_dir}"
         else:
-            verdict = f"FAIL: {(gang.failure or 'the gang failed').splitlines()[0]}"
+            verdict = f"FAIL: {gang.brief or 'the gang failed'}"
         return PaiTrainResult(ok=gang.ok, verdict=verdict, gang=gang, iterations=iterations,
                               last_iteration=gang.last_iteration, loss=last.loss if last else None,
                               checkpoint_dir=self.checkpoint_dir)

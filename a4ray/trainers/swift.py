@@ -184,5 +184,5 @@ class SwiftTrain(Trainer):
     def result(self, gang: GangResult) -> WorkloadResult:
         out = self.spec.train.output
         verdict = (f"PASS: ms-swift DPO finished; output under <workspace>/{out}" if gang.ok
-                   else f"FAIL: {(gang.failure or 'the gang failed').splitlines()[0]}")
+                   else f"FAIL: {gang.brief or 'the gang failed'}")
         return WorkloadResult(kind=self.kind, ok=gang.ok, verdict=verdict, gang=gang)

@@ -32,7 +32,7 @@ class Command(Workload[CommandJob]):
     def result(self, gang: GangResult) -> WorkloadResult:
         codes = ", ".join(f"node {n.rank}: {n.exit_code}" for n in gang.nodes)
         verdict = (f"PASS: {len(gang.nodes)} node(s) exited 0" if gang.ok
-                   else f"FAIL: {(gang.failure or '').splitlines()[0]} ({codes})")
+                   else f"FAIL: {gang.brief} ({codes})")
         return WorkloadResult(kind=self.kind, ok=gang.ok, verdict=verdict, gang=gang)
 
 

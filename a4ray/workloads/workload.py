@@ -198,5 +198,6 @@ def run_launch(gang: Gang, build, **kwargs) -> GangResult:
     except GangFailed as failure:
         if failure.result is None or isinstance(failure, Cancelled):
             raise
-        say(f"FAILED: {failure}")
+        said = failure.result.failure_kind == "hang"  # the supervisor has said the verdict, whole, once
+        say(f"FAILED: {failure.result.brief}" if said else f"FAILED: {failure}")
         return failure.result
