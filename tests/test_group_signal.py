@@ -51,8 +51,10 @@ def test_sigterm_to_the_run_s_process_group_cancels_it_in_seconds_leaving_nothin
     spec.write_text(f"kind: command\nname: group-signal\ncommand: {{argv: [{program}], torchrun: true}}\n"
                     f"cluster: {{nodes: 2, gpus_per_node: 2}}\nstorage: {{local_workspace: {tmp_path / 'ws'}}}\n")
     env = isolated_env(tmp_path)
-    proc = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "run", "-f", str(spec)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    result = tmp_path / "result.json"
+    proc = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "run", "-f", str(spec), "--result", str(result)], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # a process group of its own, as `timeout` gives its command
     try:
         seen: list[str] = []
         while sum("] rank " in line and line.rstrip().endswith(" up") for line in seen) < 4:  # every rank runs
@@ -82,6 +84,7 @@ def test_sigterm_to_the_run_s_process_group_cancels_it_in_seconds_leaving_nothin
     assert "a4ray: cancelled" in out and "Failed to connect to GCS" not in out, text
     [record] = (tmp_path / "ws").glob("runs/group-signal-*/result.json")
     assert json.loads(record.read_text())["verdict"].startswith("CANCELLED"), record.read_text()
+    assert json.loads(result.read_text())["cancelled"] is True  # --result says so too
     deadline = signalled + ENDS_WITHIN_S
     while (left := _alive(started)) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -4,7 +4,7 @@ nccl-test | deepep-test`. One way through for all of them:
   parse the options -> load the spec (-f FILE, else the kind's defaults, or a recipe's local rehearsal
   profile when there is no cluster to join) -> --dry-run: print the plan | run it (`execute.run`) ->
   print its tables and verdict -> write --result -> exit 0 (passed) | 1 (failed) | 2 (bad input) | 130
-  (cancelled).
+  (cancelled: --result then says `"cancelled": true`).
 
 Errors are printed here and only here: `a4ray: error: <what, naming the file, field or node>` and a
 hint, never a traceback; with --result, the error is recorded there too.
@@ -157,8 +157,10 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
                              conn=run_conn)
     except A4RayError as error:
         return error_exit(error, kind, args.result)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, `ray job stop`, or a SIGTERM to the group (`timeout`, a CI runner)
         print(f"a4ray: cancelled{job.cancel_note if job else ''}", file=sys.stderr, flush=True)
+        _write_result(args.result, json.dumps({"kind": kind, "ok": False, "cancelled": True,
+                                               "verdict": "CANCELLED"}, indent=2))
         return 130
     finally:
         if conn is not None:  # opened to decide whether to rehearse, and not handed on
