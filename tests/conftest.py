@@ -51,6 +51,26 @@ LONGEST_FIRST = ["test_culprits", "test_pipeline", "test_notebooks", "test_local
                  "test_upstream_contracts"]
 
 
+WATCHDOG_DEFAULTS_ENV = "A4RAY_TEST_WATCHDOG_DEFAULTS"  # where tests/watchdog_defaults.py's background runs are
+
+
+def pytest_configure(config):
+    """Start the watchdog-defaults runs (minutes each, idle while they wait) as the suite starts, once (not in each
+    xdist worker: they inherit where the runs are), when the suite or their module is what runs."""
+    if hasattr(config, "workerinput") or WATCHDOG_DEFAULTS_ENV in os.environ:
+        return
+    tests = Path(__file__).resolve().parent
+    wanted = [Path(a.split("::")[0]).resolve() for a in config.args] or [tests]
+    if not any(p == tests or p.name == "test_watchdog_defaults.py" for p in wanted):
+        return
+    from watchdog_defaults import start  # noqa: PLC0415 - tests/ is on sys.path only once pytest has configured
+
+    root = Path(tempfile.mkdtemp(prefix="a4ray-watchdog-defaults-"))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    start(root, {**env, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "token"})
+    os.environ[WATCHDOG_DEFAULTS_ENV] = str(root)
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: each module's own order kept

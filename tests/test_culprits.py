@@ -203,7 +203,8 @@ def test_a_hang_no_evidence_decides_is_undetermined_and_blames_no_node(local_clu
         assert candidate.why == ("no flight record: timed out (its flight-record server did not answer in 3s); "
                                  "no stack"), candidate
     assert verdict.evidence == ["flight recorder of rank(s) 0, 2"]
-    assert re.search(r"hang verdict: undetermined: ranks 0, 2 wait in gloo:all_reduce #4 of process group default"
+    assert re.search(r"verdict: the launch hung: .*undetermined: ranks 0, 2 wait in gloo:all_reduce #4 of process group "
+                     r"default"
                      r".* no culprit named .*candidates: rank 1 on node 0 \(\S+\): no flight record: timed out", out)
     assert "restarting in 0s: the launch hung (undetermined: " in out
     assert "keeping off" not in out and NodeHistory(tmp_path).hosts() == {}
@@ -497,7 +498,8 @@ def test_a_wedged_rank_of_the_megatron_trainer_is_named_from_the_others_records_
     assert verdict.evidence == ["flight recorder of rank(s) 0-2", "stacks of rank(s) 3"]
     record = json.loads((Path(result.gang.log_dir) / "flight-recorder" / "rank_0.json").read_text())
     assert any(e["collective_seq_id"] == verdict.collective.seq and not e["retired"] for e in record["entries"])
-    assert f"rank 3 on node 1 ({node1.host}" in result.verdict
+    assert f"rank 3 on node 1 ({node1.host}" in result.gang.failure  # said whole once; the result line refers to it
+    assert "FAIL: the launch hung (rank 3; the verdict above)" in result.verdict
     culprit = [e for e in NodeHistory(tmp_path).events(node1.host) if e.event == "hang-culprit"]
     assert len(culprit) == 1 and f"#{verdict.collective.seq}" in culprit[0].detail
 

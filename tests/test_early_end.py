@@ -4,14 +4,13 @@ never an innocent one. With nothing configured: the watchdog's defaults."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytest
 from conftest import job
 
-from a4ray.core.errors import GangFailed, GangHang
+from a4ray.core.errors import GangFailed
 from a4ray.runtime.gang import Gang
 from a4ray.workloads.generic import Command
 

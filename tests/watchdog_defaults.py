@@ -1,0 +1,88 @@
+"""Two runs with nothing configured (the watchdog's defaults), started in the background when the suite starts
+(`conftest.pytest_configure`) and judged by tests/test_watchdog_defaults.py, usually near the suite's end: each
+needs minutes of wall time by its nature (the defaults' windows are 30 s to look, 120 s to suspect), and idles
+while it waits, so the rest of the suite runs meanwhile instead of waiting on it.
+
+Each is a real `a4ray run` of 2 nodes x 2 gloo ranks on its own embedded cluster:
+  * hung: rank 3 stops joining the all-reduces (sleeps outside any collective) while ranks 0-2 wait in the
+    all-reduce and print the same warnings every second (Python's logging; and torch's TCPStore warning line as
+    ProcessGroupNCCL prints it on GPUs, C++ frames and all: gloo has no such thread, so the test prints its text);
+  * quiet: every rank computes for 4 minutes without a line, then all-reduces and ends with exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+QUIET_S = 240
+HUNG = """
+import logging, os, sys, threading, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+
+def nag():  # what a blocked rank prints every second: the same lines, no news
+    while True:
+        logging.warning("the same warning, every second")
+        print(f"[W1128 {time.strftime('%H:%M:%S')}.{int(time.time() * 1e6) % 1000000:06d} {os.getpid()} "
+              "torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1730] [PG ID 0 PG GUID 0(default_pg) Rank "
+              f"{rank}] Failed to check the \\"should dump\\" flag on TCPStore, (maybe TCPStore server has shut down "
+              "too early), with error: Broken pipe", file=sys.stderr, flush=True)
+        print("frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x98 (0x7f in libc10.so)",
+              file=sys.stderr, flush=True)
+        time.sleep(1)
+
+for it in range(1, 1000):
+    if rank == 3 and it == 4:
+        print(f"rank 3 stops joining at {time.time():.3f}", flush=True)
+        time.sleep(3600)
+    if rank != 3 and it == 4:
+        threading.Thread(target=nag, daemon=True).start()
+    dist.all_reduce(torch.ones(4))
+    time.sleep(0.2)
+"""
+QUIET = f"""
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+end = time.time() + {QUIET_S}
+while time.time() < end:  # computing, without a line
+    sum(i * i for i in range(20000))
+    time.sleep(0.05)
+dist.all_reduce(torch.ones(4))
+print("computed", flush=True)
+"""
+RUNS = {"hung": HUNG, "quiet": QUIET}
+
+
+def start(root: Path, env: dict[str, str]) -> None:
+    """Start both runs under `root` (each its own directory, `rc` written when it ends), staggered so that their
+    clusters do not start at once."""
+    for i, (name, program) in enumerate(RUNS.items()):
+        d = root / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "program.py").write_text(program)
+        (d / "spec.yaml").write_text(
+            f"kind: command\nname: defaults-{name}\ncommand: {{argv: [{d / 'program.py'}], torchrun: true}}\n"
+            f"cluster: {{nodes: 2, gpus_per_node: 2}}\nstorage: {{local_workspace: {d / 'ws'}}}\n")
+        # Once the suite's own clusters are up; and once more if Ray's node start timed out (its 30 s, fixed in
+        # ray/_private/node.py, passes on two loaded cores): that is the machine, not the watchdog under test.
+        run = (f"{sys.executable} -m a4ray.cli run -f {d / 'spec.yaml'} --result {d / 'result.json'} > {d / 'out.log'} "
+               f"2>&1; rc=$?; grep -q 'timed out during startup' {d / 'out.log'} || exit $rc; ")
+        run = f"sleep {90 + 30 * i}; {run}{run}exit $rc"
+        ray_tmp = Path(f"/tmp/rwd{os.getpid()}{i}")
+        subprocess.Popen(["bash", "-c", f"(set +e; {run}); echo $? > {d / 'rc'}"], env={**env, "RAY_TMPDIR": str(ray_tmp)},
+                         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+
+
+def wait(root: Path, name: str, timeout_s: float) -> tuple[int, str]:
+    """(exit code, output) of run `name` once it has ended."""
+    rc = root / name / "rc"
+    deadline = time.monotonic() + timeout_s
+    while not (rc.is_file() and rc.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(2)
+    out = (root / name / "out.log").read_text() if (root / name / "out.log").is_file() else ""
+    return (int(rc.read_text()) if rc.is_file() and rc.read_text().strip() else -1), out
