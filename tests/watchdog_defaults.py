@@ -5,7 +5,8 @@ while it waits, so the rest of the suite runs meanwhile instead of waiting on it
 
 Each is a real `a4ray run` of 2 nodes x 2 gloo ranks on its own embedded cluster:
   * hung: rank 3 stops joining the all-reduces (sleeps outside any collective) while ranks 0-2 wait in the
-    all-reduce and print the same warnings every second (Python's logging; and torch's TCPStore warning line as
+    all-reduce (rank 1 beside a forked data-loader worker waiting in its dataset) and print the same warnings every
+    second (Python's logging; and torch's TCPStore warning line as
     ProcessGroupNCCL prints it on GPUs, C++ frames and all: gloo has no such thread, so the test prints its text);
   * quiet: every rank computes for 4 minutes without a line, then all-reduces and ends with exit 0.
 """
@@ -23,6 +24,18 @@ HUNG = """
 import logging, os, sys, threading, time, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+
+
+class Prefetched(torch.utils.data.Dataset):  # rank 1's data-loader worker waits here the whole run
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        time.sleep(3600)
+
+
+if rank == 1:  # a forked worker inherits RANK: its stack must not be read as rank 1's
+    worker = iter(torch.utils.data.DataLoader(Prefetched(), num_workers=1))
 
 def nag():  # what a blocked rank prints every second: the same lines, no news
     while True:

@@ -360,20 +360,31 @@ def judge(records: dict[int, dict], missing: dict[int, NoRecord], dumps: list[St
                 name(sides[0].ranks, lambda r: sides[0].call, f"its stack is in {sides[0].call} where its group's "
                      "others are not", None)
             return verdict(kind="desync", sides=sides, waiting=inside)
-    if ended:  # a rank that ended, and live ranks waiting in a collective it is a member of and never joined
-        if m is not None and m.collective is not None and m.waiting:
-            members = m.members if m.members_known else world
-            seq = m.collective.seq
-            gone = [r for r in ended if r in members and _entered(records.get(r), m.collective.group) < seq]
-            if gone:
-                name(gone, lambda r: f"ended with exit {ended[r][0]}", f"it ended before #{seq}",
-                     "end of rank(s) {}")
-                return verdict(kind="ended", collective=m.collective, waiting=[r for r in m.waiting if r not in ended],
-                               waiting_since=m.waiting_since, analyzer=m.analyzer)
-        elif inside:  # no record of a collective in flight: the live ranks' stacks
-            name(sorted(ended), lambda r: f"ended with exit {ended[r][0]}", "it ended while its peers wait in a "
-                 "collective", "end of rank(s) {}")
-            return verdict(kind="ended", waiting=inside, waiting_in=stacks[inside[0]].where)
+    if ended:  # a rank that ended, and others that went on into a collective of its group that it never joined
+        group = m.collective.group if m is not None and m.collective is not None else "0"
+        members = m.members if m is not None and m.collective is not None and m.members_known else world
+        joined = {r: _entered(records.get(r), group) for r in records}
+        waiting = set(m.waiting if m is not None and m.collective is not None else []) | set(inside)
+        left = []
+        for r in sorted(ended):
+            if r not in members:
+                continue
+            mine = joined.get(r)  # None: no record of what it did last
+            # Who went on without it: live ranks waiting (in a later collective than it entered, where records
+            # say), and ranks whose records entered a later one, which failed or left since (its echo).
+            beyond = {o for o, seq in joined.items() if o not in ended and mine is not None and seq > mine}
+            if (waiting - set(ended) and (mine is None or not (waiting & set(joined)) or waiting & beyond)) or beyond:
+                left.append(r)
+                waiting |= beyond
+        if left:
+            seq = min(joined.get(r) or 0 for r in left) + 1
+            collective = _collective_at(records, group, seq) or (m.collective if m is not None else None)
+            name(left, lambda r: f"ended with exit {ended[r][0]}", "it ended while its peers went on into a "
+                 "collective with it", "end of rank(s) {}")
+            return verdict(kind="ended", collective=collective, waiting=sorted(waiting - set(ended)),
+                           waiting_in=stacks[inside[0]].where if inside and collective is None else "",
+                           waiting_since=m.waiting_since if m is not None else None,
+                           analyzer=m.analyzer if m is not None else "")
     if m is not None:
         members = [r for r in m.members if r in by_rank] or world
         _gone_and_ras(name, missing, findings, members)
@@ -429,6 +440,16 @@ def _entered(record: dict | None, group: str) -> int:
     seqs = [e.get("collective_seq_id") or 0 for e in record.get("entries") or []
             if str((e.get("process_group") or [e.get("pg_id", "0")])[0]) == group and not e.get("is_p2p")]
     return max(seqs + [flight.last_enqueued(record, group)])
+
+
+def _collective_at(records: dict[int, dict], group: str, seq: int) -> Collective | None:
+    """Collective #`seq` of `group` as any rank's record shows it."""
+    for record in records.values():
+        for e in record.get("entries") or []:
+            if e.get("collective_seq_id") == seq and not e.get("is_p2p") and \
+                    str((e.get("process_group") or [e.get("pg_id", "0")])[0]) == group:
+                return flight.collective(e)
+    return None
 
 
 def last_done(record: dict | None, group: str) -> Collective | None:

@@ -200,6 +200,11 @@ class Supervisor:
         self.looks_after_end = 0
         self.inspect_at = time.monotonic() + _AFTER_END_S[0]
 
+    def _node_ended(self, rank: int) -> None:
+        """Node `rank`'s command ended with exit 0: its ranks (those its launcher did not say ended already) too."""
+        for local in range(self.nproc[rank]):
+            self._rank_ended(self.first_rank[rank] + local, 0, time.time())
+
     def _check(self) -> bool:
         """Whether the launch is over for a rank that ended, the watchdog, or the exit barrier (judged here)."""
         w = self.observe.watchdog
@@ -313,8 +318,7 @@ class Supervisor:
                                           sorted(set(pending.values())))
                         return self._finish()
                     elif any(r not in self.standby for r in pending.values()):  # ended well while others run
-                        for local in range(self.nproc[rank]):
-                            self._rank_ended(self.first_rank[rank] + local, 0, time.time())
+                        self._node_ended(rank)
                 if pending and self._check():
                     return self._finish()
                 if self.deadline is not None and time.monotonic() >= self.deadline and pending:
@@ -371,9 +375,12 @@ class Supervisor:
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s + 5)
         for ref in ready:
             try:
-                self._emit(refs[ref], ray.get(ref))
+                poll = ray.get(ref)
             except Exception:  # noqa: BLE001 - a node that cannot answer now is judged by _lost_among
                 continue
+            self._emit(refs[ref], poll)
+            if not poll.running and poll.exit_code == 0:  # its ranks all ended well
+                self._node_ended(refs[ref])
 
     def _lost_among(self, ranks: list[int]) -> tuple[int, str] | None:
         """The first of `ranks` whose node actor is gone, with Ray's word on why. When a node dies, its peers'
