@@ -314,7 +314,7 @@ class Soak:
             f"storage.local_workspace={work / 'ws'}", f"command.argv=[{program}, {', '.join(self.argv(work))}]",
             "restart.max_restarts=2", "restart.backoff_s=0", "cluster.stop_grace_s=5", f"timeout_s={a.cap_s}",
             f"observe.watchdog.pace_floor_s={a.pace_floor_s}", f"observe.watchdog.record_timeout_s={a.record_timeout_s}",
-            f"observe.summary_every={a.iterations}"], kind="command")
+            f"observe.summary_every={a.iterations}", *a.set], kind="command")
         result = run(spec)
         g = result.goodput
         incident = g.incidents[0] if g and g.incidents else None
@@ -416,6 +416,7 @@ def main() -> int:
     parser.add_argument("--cap-s", type=float, default=150, help="a leg's limit")
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--json", default=None, help="write every leg's figures here (after each leg)")
+    parser.add_argument("--set", action="append", default=[], help="another a4ray spec override (repeatable)")
     parser.add_argument("--faults-first", action="store_true", help="the fault legs before the fault-free rounds")
     parser.add_argument("--budget-s", type=float, default=None, help="start no leg after this many seconds; report "
                         "what ran")
@@ -436,7 +437,11 @@ def main() -> int:
     spare = not args.gpus_per_node_real  # logical GPUs: a third node costs nothing; real ones are all in use
     faults = args.faults.split(",") if args.faults else [f for f in FAULTS if f != "node" or spare]
     rng = random.Random(args.seed)
-    schedule = {f: rng.randint(args.every + 2, args.iterations - 2 * args.every) for f in faults}
+    low, high = args.every + 2, args.iterations - args.every  # past the first checkpoint, before the last
+    if high < low:
+        parser.error(f"--iterations {args.iterations} leaves no room for a fault after the first checkpoint "
+                     f"(--every {args.every}): need at least {2 * args.every + 2}")
+    schedule = {f: rng.randint(low, high) for f in faults}
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="r", dir="/tmp"))
 
     import ray
