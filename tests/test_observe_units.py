@@ -529,3 +529,24 @@ def test_a_ranks_own_process_is_the_one_whose_parent_does_not_carry_its_rank():
     finally:
         child.kill()
         child.wait()
+
+
+def test_torchs_warning_every_second_from_every_rank_is_shown_once_frames_and_all():
+    """ProcessGroupNCCL's TCPStore warning, as a blocked rank prints it every second (glog's time stamp and
+    thread id, the rank in its prefix, then the C++ frames): shown once, its copies and their frames held back."""
+    from a4ray.observe.stream import StreamFilter
+
+    def copy(rank: int, second: int) -> list[str]:
+        return [f"[W1128 10:00:{second:02d}.{second * 7919:06d} {4700 + rank} torch/csrc/distributed/c10d/"
+                f"ProcessGroupNCCL.cpp:1730] [PG ID 0 PG GUID 0(default_pg) Rank {rank}] Failed to check the "
+                "\"should dump\" flag on TCPStore, (maybe TCPStore server has shut down too early), with error: "
+                "Broken pipe",
+                "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x98 (0x7f in libc10.so)",
+                "frame #1: <unknown function> + 0x5f3e (0x7f in libtorch_cpu.so)"]
+
+    stream = StreamFilter()
+    shown = [line for second in range(5) for rank in range(3) for line in copy(rank, second)
+             if stream.show(f"n0 r{rank}", line)]
+    assert len(shown) == 3 and shown[0].endswith("Broken pipe") and shown[1].startswith("frame #0")
+    assert stream.show("n0 r1", "Traceback (most recent call last):")  # what follows is news again
+    assert stream.show("n0 r1", "frame #0: an error's frame is shown")

@@ -36,7 +36,7 @@ def test_a_plain_hang_is_judged_within_five_minutes_and_repeated_warnings_are_no
     assert [c["rank"] for c in verdict["culprits"]] == [3] and verdict["waiting"] == [0, 1, 2], out[-3000:]
     # A user's gloo program serves no flight record: the stacks are the evidence. Rank 1's data-loader worker is
     # dumped under its own label, in its dataset, never read as rank 1.
-    assert verdict["collective"] is None and verdict["culprits"][0]["where"].startswith("time.sleep"), verdict
+    assert verdict["collective"] is None and "program.py" in verdict["culprits"][0]["where"], verdict
     assert verdict["evidence"][0].startswith("stacks of rank(s) 0-3 (no flight record: no pipe"), verdict
     summary = (Path(gang["hang_report"]) / "summary.txt").read_text()
     assert re.search(r"rank r1:pid\d+ in data loading", summary) and "ranks 0-2 in all_reduce" in summary, summary

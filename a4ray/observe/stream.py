@@ -40,8 +40,10 @@ _PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
 # Loggers: "WARNING:name:msg" (logging's default), "[WARNING | name]: msg" (megatron-core), "W1125 ... ]" (glog),
 # "[transformers] msg" (transformers 5's handler, transformers/utils/logging.py: it prints WARNING and above).
 _LOG_WARNING = re.compile(r"^(\[rank\d+\]:)?(WARNING:|\[WARNING\b|\[?W\d{4} \d\d:\d\d:\d\d|\[transformers\] )")
-# glog's prefix (time, thread id) differs on every copy of one warning: "[W1128 09:24:13.912000 4738 file.cpp:1730] ".
+# glog's prefix (time, thread id) differs on every copy of one warning: "[W1128 09:24:13.912000 4738 file.cpp:1730] ",
+# and torch's process-group prefix names the rank: "[PG ID 0 PG GUID 0(default_pg) Rank 1] ".
 _GLOG_STAMP = re.compile(r"^(\[rank\d+\]:)?\[?W\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
+_PG_RANK = re.compile(r"\bRank \d+\]")
 # What C++ prints under a warning: the frames of its stack (torch's TORCH_WARN with a backtrace).
 _CPP_FRAME = re.compile(r"^(frame #\d+: |Exception raised from )")
 
@@ -69,7 +71,7 @@ class StreamFilter:
             return False  # the warning's source line (`  warnings.warn(`): in the rank's log
         if _PY_WARNING.match(text) or _LOG_WARNING.match(text):
             self._after_warning.add(rank)
-            key = _GLOG_STAMP.sub("", text)
+            key = _PG_RANK.sub("Rank N]", _GLOG_STAMP.sub("", text))
             if key not in self.seen:
                 self.seen.add(key)
                 return True

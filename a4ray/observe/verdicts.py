@@ -129,7 +129,8 @@ class HangVerdict(BaseModel):
             blamed = {c.rank for c in self.culprits}
             who = "; ".join(e.describe() for e in self.ended if e.rank in blamed)
             where = self.collective.short() if self.collective else (self.waiting_in or "a collective")
-            waiting = (f"{'ranks' if len(self.waiting) > 1 else 'rank'} {ranges(self.waiting)} wait in {where}"
+            waiting = (f"ranks {ranges(self.waiting)} wait in {where}" if len(self.waiting) > 1 else
+                       f"rank {ranges(self.waiting)} waits in {where}"
                        if self.waiting else f"its peers wait in {where}")
             return f"{who}; {waiting}, which {'it' if len(blamed) == 1 else 'they'} never joined{tail}"
         if self.undetermined:
