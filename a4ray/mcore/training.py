@@ -195,14 +195,18 @@ def load_weights(args: argparse.Namespace, arch, naming: str, module, optimizer,
             + (f"the newest complete one is iteration {resume}" if resume is not None else "no complete one"))
     if resume is not None:
         directory = checkpointing.iteration_dir(save, resume)
+        say(f"busy: loading checkpoint iteration {resume}")  # the hang watchdog's pace and quiet windows wait
         loaded = checkpointing.load_resume(directory, module, optimizer, scheduler, use_dist_opt)
+        say("done: loading the checkpoint")
         iteration = int(loaded["iteration"])
         say(f"resuming from checkpoint iteration {iteration} in {save}: model, optimizer, scheduler, RNG "
             f"(learning rate {scheduler.get_lr(optimizer.param_groups[0]):.6E})")
         return iteration, str(directory)
     if args.load:
         directory = checkpointing.converted_dir(Path(args.load))
+        say(f"busy: loading the converted checkpoint {directory}")
         theirs = checkpointing.load_weights(module, directory, arch, naming)  # CheckpointMismatch before training
+        say("done: loading the checkpoint")
         optimizer.reload_model_params()  # bf16: the optimizer's fp32 main params were copied at construction
         say(f"loaded model weights from {directory} (converted checkpoint, {theirs or 'unknown'} naming, into the "
             f"{naming} spec; optimizer starts fresh)")

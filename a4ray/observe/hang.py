@@ -30,11 +30,11 @@ _STACKS_TIMEOUT_S = 120
 # Lines that say a run is busy between iterations, so its pace does not apply until it says it is done (or the
 # next iteration comes): Megatron-LM's checkpoint save and evaluation (checkpointing.py's "saving checkpoint at
 # iteration", training.py's "Evaluating on"/"Evaluating iter"), and any program's own `a4ray: busy ...` line.
-_BUSY = re.compile(r"saving checkpoint at iteration|\bEvaluating (on|iter)\b|\ba4ray: busy\b", re.IGNORECASE)
+_BUSY = re.compile(r"saving checkpoint at iteration|\bEvaluating (on|iter)\b|\ba4ray(\.\w+)?: busy\b", re.IGNORECASE)
 # ... and the lines that say it is done: Megatron-LM's "successfully saved checkpoint", "validation loss at",
 # a4ray's trainer's "saved checkpoint iteration", `a4ray: done ...`.
 _DONE = re.compile(r"successfully saved checkpoint|validation loss at|\bsaved checkpoint iteration\b|"
-                   r"\ba4ray: done\b", re.IGNORECASE)
+                   r"\ba4ray(\.\w+)?: done\b", re.IGNORECASE)
 _PACE_SAMPLES = 50  # the median of the latest gaps between iteration lines
 
 

@@ -264,8 +264,8 @@ class Supervisor:
 
     def _decide(self, why: str, evidence: hang.Evidence, verdict: HangVerdict) -> None:
         metrics.record_hang(*self.tags)
-        for culprit in {c.node.node: c for c in verdict.culprits}.values():
-            metrics.record_culprit(*self.tags, culprit.node)
+        for culprit in {c.node.node: c for c in verdict.culprits if verdict.kind == "hang"}.values():
+            metrics.record_culprit(*self.tags, culprit.node)  # a rank that ended early or desynced: the program's
         hang.write_report(why, evidence, verdict, self.hang_dir)
         out = self.outcome
         out.kind, out.hang_report, out.hang_verdict = "hang", str(self.hang_dir), verdict
