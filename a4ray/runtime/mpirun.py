@@ -39,7 +39,10 @@ def mpirun_argv(node: NodeContext, program: list[str], *, slots: int, hostfile_p
     argv = [
         mpi.mpirun, "--allow-run-as-root", "--hostfile", hostfile_path, "-np", str(slots * node.nnodes),
         "--map-by", "slot", "--bind-to", "none",
-        "--mca", "plm_rsh_agent", f"{node.python} -m a4ray.runtime.rsh",
+        # rsh: the daemons start through a4ray's agent, whatever launcher the image picks (a sandboxed GPU
+        # machine sets OMPI_MCA_plm=isolated, under which mpirun starts no remote daemon at all and says
+        # "All nodes which are allocated for this job are already filled").
+        "--mca", "plm", "rsh", "--mca", "plm_rsh_agent", f"{node.python} -m a4ray.runtime.rsh",
         # mpirun starts every daemon itself (no tree spawn: nodes need not reach each other's agents),
         # and keeps each daemon attached to its agent, so a daemon lives exactly as long as its exec
         # on the node actor (a daemonized orted would escape the node's process-tree supervision).
