@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from a4ray import nccl_test
+from a4ray.builds import builder, toolchain, tools
+from a4ray.builds.builder import BuildFailed
 from a4ray.core.errors import ToolMissing
 from a4ray.driver.execute import run
 from a4ray.programs.collectives import bus_factor
+from a4ray.spec.toolbuilds import BuildSpec
 from tests.conftest import job
 
 STANDIN = Path(__file__).parent / "programs" / "nccl_tests_standin.py"
@@ -100,3 +105,162 @@ def test_isolation_names_the_misconfigured_node(extra_nodes, tmp_path):
     assert [(t.nodes, t.ok) for t in iso.tests] == [([0, 1], True), ([0, 2], False)]
     assert "bad node(s): node 2" in result.verdict
     assert (Path(result.gang.log_dir) / "isolate" / "n0-n2" / "node-01.log").is_file()
+
+
+# ------------------------------------------------------------------------------------------ the build step
+# This machine has no GPU (and CI no CUDA), so the builds below use a STAND-IN COMPILER: a `nvcc` script that
+# says its CUDA release and writes each `-o` target as the MPI stand-in binary above; and a stand-in source, a
+# git repo whose Makefile takes nccl-tests' make variables (MPI=1 MPI_HOME CUDA_HOME NCCL_HOME NVCC_GENCODE),
+# checks that what they point at is there, and calls $(CUDA_HOME)/bin/nvcc per binary. What is real: the
+# toolchain probe, the staging of the pinned git source, the Ray build tasks, the lock, the cache and the MPI
+# launch of what was built. The real nccl-tests and DeepEP builds ran on the GPU machine (benchmarks/README.md).
+
+_MAKEFILE = """\
+BINARIES = all_reduce all_gather reduce_scatter alltoall
+build:
+\ttest "$(MPI)" = 1 && test -f $(MPI_HOME)/include/mpi.h && test -f $(NCCL_HOME)/include/nccl.h
+\ttest -e $(NCCL_HOME)/lib/libnccl.so && test -n "$(NVCC_GENCODE)"
+\tmkdir -p build && for b in $(BINARIES); do $(CUDA_HOME)/bin/nvcc $(NVCC_GENCODE) -o build/$${b}_perf src/$$b.cu || exit 1; done
+"""
+
+
+def standin_toolchain(root: Path) -> list[str]:
+    """A CUDA home with the stand-in nvcc and CCCL's header, NCCL's header and library, MPI's header: the
+    `nccl.build.*` overrides that point at them."""
+    cuda = root / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "include" / "cccl" / "cuda" / "std").mkdir(parents=True)
+    (cuda / "include" / "cccl" / "cuda" / "std" / "tuple").write_text("")
+    nvcc = cuda / "bin" / "nvcc"
+    nvcc.write_text(
+        "#!/bin/sh\n# stand-in nvcc: no CUDA on this machine\n"
+        'case " $* " in *" --version "*) echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0;; esac\n'
+        'out=""; prev=""; for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done\n'
+        f"printf '#!{sys.executable}\\nimport runpy\\nrunpy.run_path(\"{STANDIN}\", run_name=\"__main__\")\\n' "
+        '> "$out" && chmod +x "$out"\n')
+    nvcc.chmod(0o755)
+    nccl = root / "nccl"
+    (nccl / "include").mkdir(parents=True)
+    (nccl / "lib").mkdir()
+    (nccl / "include" / "nccl.h").write_text("#define NCCL_MAJOR 2\n#define NCCL_MINOR 28\n#define NCCL_PATCH 9\n")
+    (nccl / "lib" / "libnccl.so.2").write_text("")
+    mpi = root / "mpi"
+    (mpi / "include").mkdir(parents=True)
+    (mpi / "include" / "mpi.h").write_text("#define OMPI_MAJOR_VERSION 4\n#define OMPI_MINOR_VERSION 1\n"
+                                           "#define OMPI_RELEASE_VERSION 6\n")
+    return [f"nccl.build.cuda_home={cuda}", f"nccl.build.nccl_home={nccl}", f"nccl.build.mpi_home={mpi}",
+            "nccl.build.gpu_arch=9.0"]
+
+
+def standin_source(root: Path) -> str:
+    """A git repo with the stand-in Makefile, pinned by its commit: `git+file://...@<commit>`."""
+    repo = root / "nccl-tests-standin"
+    (repo / "src").mkdir(parents=True)
+    (repo / "Makefile").write_text(_MAKEFILE)
+    for b in ("all_reduce", "all_gather", "reduce_scatter", "alltoall"):
+        (repo / "src" / f"{b}.cu").write_text(f"// {b}\n")
+    git = ["git", "-c", "user.name=a4ray", "-c", "user.email=a4ray@localhost"]
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "stand-in"]):
+        subprocess.run([*git, *argv], cwd=repo, check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    return f"git+file://{repo}@{commit}"
+
+
+def test_build_step_names_each_missing_piece(tmp_path, monkeypatch):
+    """The probe's line for each piece a build needs and a node lacks, with where it looked."""
+    monkeypatch.setattr(toolchain.ctypes.util, "find_library", lambda name: None)
+    empty = tmp_path / "empty"
+    (empty / "bin").mkdir(parents=True)
+    tc = toolchain.probe(BuildSpec(cuda_home=str(empty), nccl_home=str(empty), nvshmem_dir=str(empty),
+                                   mpi_home=str(empty), gpu_arch="9.0"))
+    missing = tc.missing(toolchain.PIECES)
+    assert any(m.startswith(f"nvcc: not found at {empty}/bin/nvcc") for m in missing), missing
+    assert any(m.startswith("the NCCL headers: no include/nccl.h") and str(empty) in m for m in missing)
+    assert any(m.startswith("NVSHMEM: no include/ and lib/libnvshmem_host.so*") for m in missing)
+    assert any(m.startswith("libibverbs: not found") for m in missing)
+    assert any(m.startswith(f"MPI: no include/mpi.h in {empty}") for m in missing)
+    # nvcc present but CUDA 13's CCCL headers not: DeepEP's `cuda/std/tuple: No such file` said before the build.
+    standin_toolchain(tmp_path / "tc")
+    cuda = tmp_path / "tc" / "cuda"
+    shutil.rmtree(cuda / "include" / "cccl")
+    tc = toolchain.probe(BuildSpec(cuda_home=str(cuda), gpu_arch="9.0"))
+    assert tc.cuda_version == "13.0" and "nvcc" not in tc.problems
+    assert tc.problems["cccl"].startswith(f"the CCCL headers: cuda/std/tuple is in neither {cuda}/include/cccl")
+
+
+def test_build_cache_key_follows_every_version(tmp_path):
+    standin_toolchain(tmp_path)
+    spec = BuildSpec(cuda_home=str(tmp_path / "cuda"), nccl_home=str(tmp_path / "nccl"),
+                     mpi_home=str(tmp_path / "mpi"), gpu_arch="9.0")
+    tc = toolchain.probe(spec)
+    assert (tc.cuda_version, tc.nccl_version, tc.mpi_version, tc.gencode) == (
+        "13.0", "2.28.9", "OpenMPI 4.1.6", "-gencode=arch=compute_90,code=sm_90")
+    recipe = tools.NCCL_TESTS
+    key = builder.cache_key(recipe.key_facts(tc, "a" * 40))
+    assert key == builder.cache_key(recipe.key_facts(toolchain.probe(spec), "a" * 40))  # same node, same key
+    for change in ({"cuda_version": "12.9"}, {"nccl_version": "2.27.7"}, {"gpu_arch": "10.0"},
+                   {"mpi_version": "OpenMPI 5.0.3"}):
+        assert builder.cache_key(recipe.key_facts(tc.model_copy(update=change), "a" * 40)) != key, change
+    assert builder.cache_key(recipe.key_facts(tc, "b" * 40)) != key
+
+
+def test_build_is_cached_by_key_and_rebuilt_when_damaged(tmp_path):
+    """The build task's body on this node: built once, then a cache hit by its key; a build directory
+    whose outputs changed is set aside and built again, never trusted."""
+    sets = standin_toolchain(tmp_path / "tc")
+    source = standin_source(tmp_path)
+    spec = BuildSpec(source=source, **{s.split("=")[0].rpartition(".")[2]: s.split("=", 1)[1] for s in sets})
+    req = builder.BuildRequest(tool="nccl-tests", spec=spec, node=0, workspace=str(tmp_path / "ws"),
+                               source_dir=str(tmp_path / "nccl-tests-standin"), run_log=str(tmp_path / "run.log"))
+    first = builder.build_here(req)
+    assert first.status == "built" and Path(first.path).name == first.key[:12]
+    record = json.loads((Path(first.path) / builder.RECORD).read_text())
+    assert record["facts"]["commit"] == source.rpartition("@")[2] and record["facts"]["nccl"] == "2.28.9"
+    assert set(record["outputs"]) == {f"src/build/{c}_perf" for c in ("all_reduce", "all_gather", "reduce_scatter",
+                                                                       "alltoall")}
+    assert "$ make -j16 MPI=1" in (tmp_path / "run.log").read_text()
+    again = builder.build_here(req)
+    assert (again.status, again.path) == ("cached", first.path)
+    assert "cached" in (tmp_path / "run.log").read_text()
+    (Path(first.path) / "src" / "build" / "alltoall_perf").write_text("changed")
+    rebuilt = builder.build_here(req)
+    assert (rebuilt.status, rebuilt.path) == ("built", first.path)
+    assert len(list((tmp_path / "ws" / "builds" / "nccl-tests").glob(".damaged-*"))) == 1
+
+
+def test_nccl_tests_built_on_the_nodes_and_run_through_the_gang(local_cluster, tmp_path):
+    """No nccl-tests in the image: the pinned source is staged once, built by a Ray task on each node (one
+    builds, the other finds it built under the lock), and the built binaries run through the gang's mpirun.
+    The node's env sets OMPI_MCA_plm=isolated, as the sandboxed GPU machine's does: mpirun then started no
+    daemon on the other nodes ("All nodes which are allocated for this job are already filled") until a4ray
+    asked for its rsh launcher by name."""
+    sets = [*standin_toolchain(tmp_path / "tc"), f"nccl.build.source={standin_source(tmp_path)}",
+            "network.env.OMPI_MCA_plm=isolated",
+            "cluster.nodes=2", "cluster.gpus_per_node=1", "nccl.implementation=nccl-tests",
+            "nccl.collectives=[all_reduce]", "nccl.min_bytes=64K", "nccl.max_bytes=256K", "nccl.iters=2",
+            "nccl.warmup=1"]
+    result = run(job("nccl_test", *sets, workspace=tmp_path / "ws"))
+    assert result.ok, result.verdict
+    statuses = sorted(b.status for b in result.builds)
+    assert statuses in (["built", "joined"], ["built", "cached"]), statuses
+    build_dir = Path(result.builds[0].path)
+    assert result.binaries_dir == f"{build_dir}/src/build"
+    assert build_dir.parent == tmp_path / "ws" / "builds" / "nccl-tests"
+    assert (tmp_path / "ws" / "sources" / "nccl-tests").is_dir()  # the staged source
+    logs = Path(result.gang.log_dir)
+    built = next(b for b in result.builds if b.status == "built")
+    log = (logs / "builds" / f"nccl-tests-node-{built.node:02d}.log").read_text()
+    assert "NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90" in log
+    assert f"{result.binaries_dir}/all_reduce_perf -b 64K" in (logs / "node-00.log").read_text()
+    (c,) = result.collectives
+    assert len(c.run.devices) == 2 and c.busbw > 0
+
+
+def test_failed_build_is_one_line_in_the_tools_words(local_cluster, tmp_path):
+    sets = [*standin_toolchain(tmp_path / "tc"), f"nccl.build.source={standin_source(tmp_path)}",
+            "cluster.nodes=1", "cluster.gpus_per_node=1", "nccl.implementation=nccl-tests",
+            "nccl.collectives=[all_reduce]"]
+    (tmp_path / "tc" / "nccl" / "lib" / "libnccl.so.2").unlink()  # the header without its library
+    with pytest.raises(BuildFailed, match=r"cannot build nccl-tests: node 0 \(.*\): the NCCL headers: no "
+                       r"include/nccl.h with a libnccl.so\* beside it"):
+        run(job("nccl_test", *sets, workspace=tmp_path / "ws"))

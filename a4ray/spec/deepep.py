@@ -1,4 +1,4 @@
-"""Spec of the DeepEP internode test: DeepEP's `tests/test_internode.py`, one process per node."""
+"""Spec of the DeepEP tests: DeepEP's own `tests/test_{intranode,low_latency,internode}.py`, one process per node."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from a4ray.spec.fields import MAX_GPUS_PER_NODE, EnvVars, Integer, PathStr, PositiveInt, Spec
+from a4ray.spec.toolbuilds import BuildSpec, deepep_build
+from a4ray.spec.fields import MAX_GPUS_PER_NODE, EnvVars, Integer, PathStr, PositiveFloat, PositiveInt, Spec
+
+DeepEPTestName = Literal["intranode", "low_latency", "internode"]
 from a4ray.spec.job import job_kind
 from a4ray.spec.mpi import FabricTestJob
 
@@ -16,9 +19,21 @@ class DeepEPSpec(Spec):
         "mpi", description="mpi: mpirun on node 0, one rank per node (the seeds' way); direct: each node "
         "actor starts the test itself",
     )
-    deepep_dir: PathStr = Field("/opt/deepep/DeepEP", description="the DeepEP checkout (the test imports its siblings)")
+    tests: list[DeepEPTestName] = Field(
+        default_factory=lambda: ["internode"], description="which of DeepEP's tests, in this order: intranode and "
+        "low_latency run on each node by itself (one node, its GPUs), internode across every node (2+ nodes)")
+    deepep_dir: PathStr = Field("/opt/deepep/DeepEP", description="the image's DeepEP checkout, built (the test "
+                                "imports its siblings); where a node lacks it, DeepEP is built (see build)")
     test_script: PathStr = Field("tests/test_internode.py", description="relative to deepep_dir (on DeepEP main "
                              "after EPv2: tests/legacy/test_internode.py)")
+    intranode_script: PathStr = Field("tests/test_intranode.py", description="relative to deepep_dir")
+    low_latency_script: PathStr = Field("tests/test_low_latency.py", description="relative to deepep_dir")
+    build: BuildSpec = Field(default_factory=deepep_build, description="where a node lacks deepep_dir: build DeepEP "
+                             "(8a07e7e, setup.py build_ext) on the nodes, once per toolchain")
+    thresholds: dict[DeepEPTestName, dict[str, PositiveFloat]] = Field(
+        default_factory=dict, description="minimum GB/s by test, then figure: intranode/internode 'dispatch BF16 "
+        "NVL', 'dispatch FP8 NVL', 'combine NVL' (internode also '... RDMA'), low_latency 'dispatch', "
+        "'combine', 'dispatch+combine' (at the slowest rank); {} for none")
     env_script: PathStr = Field("/opt/deepep/unified-env.sh", description="sourced on every node after gIB "
                             "(NVSHMEM, LD_PRELOAD, ...); empty: none")
     env: EnvVars = Field(default_factory=dict, description="DeepEP/NVSHMEM variables; win over env_script, "
@@ -32,6 +47,13 @@ class DeepEPSpec(Spec):
     num_experts: PositiveInt = Field(256, description="must divide evenly by nodes x processes per node")
     num_topk_groups: PositiveInt | None = Field(None, description="default (the test's): min(nodes, 4)")
     extra_args: list[str] = Field(default_factory=list, description="more test_internode.py flags")
+
+    @field_validator("tests")
+    @classmethod
+    def _some_tests(cls, tests: list[str]) -> list[str]:
+        if not tests or len(set(tests)) != len(tests):
+            raise ValueError("name each of intranode, low_latency, internode at most once, and at least one")
+        return tests
 
     @field_validator("deepep_dir", "env_script")
     @classmethod

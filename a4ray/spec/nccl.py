@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BeforeValidator, Field, model_validator
 
+from a4ray.spec.toolbuilds import BuildSpec, nccl_tests_build
 from a4ray.spec.fields import MAX_NODES, Integer, NonNegativeInt, Number, PathStr, PositiveFloat, PositiveInt, Spec
 from a4ray.spec.job import job_kind
 from a4ray.spec.mpi import FabricTestJob
@@ -80,9 +81,12 @@ class NcclTestSpec(Spec):
     dtype: Literal["float", "half", "bfloat16"] = "float"
     check: bool = Field(True, description="-c: check results (the #wrong column)")
     implementation: Literal["auto", "nccl-tests", "torch"] = Field(
-        "auto", description="auto: nccl-tests where its binaries and mpirun are on every node, else the "
-        "built-in torch.distributed benchmark (torchrun)",
+        "auto", description="auto: nccl-tests where its binaries (the image's, else built: see build) and mpirun "
+        "are on every node, else the built-in torch.distributed benchmark (torchrun)",
     )
+    build: BuildSpec = Field(
+        default_factory=nccl_tests_build, description="where no binaries_dir is set and the image lacks "
+        "the binaries: build nccl-tests (v2.17.6, make MPI=1) on the nodes, once per toolchain")
     binaries_dir: PathStr = Field(
         "", description="where the *_perf binaries are; default: the first of NCCL_TESTS_DIRS (a4ray's images, "
         "then Google's gIB installer image) that has them on every node")

@@ -13,15 +13,19 @@ that name the slow or broken nodes.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from a4ray.builds.builder import BuildFailed, BuildOutcome, ensure
 from a4ray.core.console import say, table
 from a4ray.core.errors import ToolMissing
 from a4ray.core.results import axes
+from a4ray.core.rundir import RunDir
 from a4ray.parsers import nccl_debug, nccl_tests
 from a4ray.parsers.nccl_tests import PerfRun
+from a4ray.runtime.connect import Connection
 from a4ray.runtime.gang import Gang
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.runtime.mpirun import mpi_launch
@@ -79,6 +83,8 @@ class NcclTestResult(WorkloadResult):
     thresholds_note: str = ""
     collectives: list[CollectiveResult] = []
     isolation: Isolation | None = None
+    binaries_dir: str = ""  # where the *_perf binaries ran from (nccl-tests)
+    builds: list[BuildOutcome] = []  # how they came to be there, per node (empty: the image's, found by path)
 
     def table(self) -> str:
         parts = []
@@ -151,6 +157,16 @@ class _Lines:
             self.info.append(line.text)
 
 
+# Each rank's GPU is its node-local MPI rank: nccl-tests would count ranks per hostname, and simulated nodes
+# share one hostname while each sees only its own GPUs. A built nccl-tests finds NCCL's pip library after
+# whatever LD_LIBRARY_PATH the node has (gIB's NCCL first).
+_RANK_DEVICE = (
+    'export NCCL_TESTS_DEVICE="${NCCL_TESTS_DEVICE:-${OMPI_COMM_WORLD_LOCAL_RANK:-0}}"; '
+    'if [ -n "$A4RAY_NCCL_LIB" ]; then export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$A4RAY_NCCL_LIB"; '
+    'fi; exec "$@"'
+)
+
+
 class NcclTest(Workload[NcclTestJob]):
     kind = "nccl_test"
 
@@ -160,11 +176,18 @@ class NcclTest(Workload[NcclTestJob]):
         self.binaries_dir = self.binaries_dirs()[0]  # until the nodes are asked (choose_implementation)
         # Whose the variables it sets are, in env reports: the test's own, or the job it probes for (preflight).
         self.env_label = env_label or self.kind
+        self.builds: list[BuildOutcome] = []
+        self.workspace = ""
+        self.conn: Connection | None = None
 
     # ----------------------------------------------------------------------- commands
     def env(self) -> dict[str, str]:
         # INIT,NET: the lines that say which network NCCL picked and what each channel runs over.
-        return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+        env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+        built = next((b.toolchain for b in self.builds if b.status != "image" and b.toolchain), None)
+        if built and built.nccl_lib:
+            env["A4RAY_NCCL_LIB"] = built.nccl_lib
+        return env
 
     def binaries_dirs(self) -> list[str]:
         """Where to look for the *_perf binaries: the one configured, else each place images ship them."""
@@ -180,7 +203,8 @@ class NcclTest(Workload[NcclTestJob]):
 
     def nccl_tests_launch(self, node: NodeContext, collective: str, sizes: tuple[int, int] | None = None) -> Launch:
         n = self.spec.nccl
-        program = [self.binary(collective), *self.size_args(*(sizes or (n.min_bytes, n.max_bytes))), "-g", "1"]
+        program = ["bash", "-c", _RANK_DEVICE, "nccl-tests", self.binary(collective),
+                   *self.size_args(*(sizes or (n.min_bytes, n.max_bytes))), "-g", "1"]
         return mpi_launch(node, program, slots=node.gpus, env=self.env(), mpi=self.spec.mpi)
 
     def torch_launch(self, node: NodeContext, collectives: list[str] | None = None,
@@ -215,10 +239,25 @@ class NcclTest(Workload[NcclTestJob]):
         return plan
 
     # ----------------------------------------------------------------------- running
+    def run(self, conn: Connection, run_dir: RunDir, **kwargs):
+        self.workspace, self.conn = str(run_dir.workspace), conn  # where builds go, and staging's cluster
+        return super().run(conn, run_dir, **kwargs)
+
+    def build(self, gang: Gang) -> str:
+        """nccl-tests built on the nodes (or found built): the binaries' directory."""
+        self.builds = ensure(gang, "nccl-tests", self.spec.nccl.build, workspace=self.workspace or
+                             str(Path(gang.log_dir).parent), log_dir=gang.log_dir, conn=self.conn)
+        return f"{self.builds[0].path}/src/build"
+
     def choose_implementation(self, gang: Gang) -> str:
         n = self.spec.nccl
         if n.implementation == "torch":
             return "torch"
+        # A binaries_dir named by the user is theirs alone; else the image's, and a build where it has none.
+        buildable = not n.binaries_dir and n.build.mode != "never"
+        if buildable and n.build.mode == "always":
+            self.binaries_dir = self.build(gang)
+            return "nccl-tests"
         for binaries_dir in self.binaries_dirs():
             wanted = [self.binary(c, binaries_dir) for c in n.collectives] + [self.spec.mpi.mpirun]
             missing = {rank: [name for name, path in found.items() if path is None]
@@ -228,6 +267,16 @@ class NcclTest(Workload[NcclTestJob]):
                 self.binaries_dir = binaries_dir
                 return "nccl-tests"
         where = "; ".join(f"node {r} ({gang.nodes[r].hostname}): {', '.join(names)}" for r, names in missing.items())
+        if buildable:
+            try:
+                self.binaries_dir = self.build(gang)
+                return "nccl-tests"
+            except BuildFailed as failed:
+                if n.implementation == "nccl-tests":
+                    raise
+                say(f"nccl-tests not in the image and not buildable here ({failed.message}): measuring with the "
+                    "built-in torch benchmark instead")
+                return "torch"
         if n.implementation == "nccl-tests":
             raise ToolMissing(f"nccl.implementation=nccl-tests, but missing or not executable: {where}",
                               hint="build nccl-tests into the image (make MPI=1) and set nccl.binaries_dir, "
@@ -312,6 +361,7 @@ class NcclTest(Workload[NcclTestJob]):
             nodes=nodes, gpus_per_node=c.gpus_per_node, simulated=simulated, expect_transport=expect,
             transport=transport, transport_problem=transport_problem, thresholds_applied=applied,
             thresholds_note=note, collectives=results,
+            binaries_dir=self.binaries_dir if self.implementation == "nccl-tests" else "", builds=self.builds,
         )
 
     def expected_transport(self, simulated: bool, nodes: int, backend: str) -> str:
