@@ -44,28 +44,9 @@ step() {
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-# mpirun with a hostfile of the simulated nodes' addresses (as the gang runs it, its agent a plain local shell):
-# the first of these option sets that works is what the runs below pass as mpi.extra_args.
-printf '127.0.0.2 slots=1\n127.0.0.3 slots=1\n' >"$OUT/hostfile"
-printf '#!/bin/sh\nshift\nexec /bin/sh -c "$*"\n' >"$OUT/agent.sh" && chmod +x "$OUT/agent.sh"
-{ env | grep -i -E "^(ompi|orte|opal|pmix|prte|slurm|pbs|hydra)" ; cat /etc/hosts; hostname; hostname -I
-  grep -v '^#' /etc/openmpi/openmpi-mca-params.conf 2>/dev/null | grep .; } >"$OUT/mpi_env.txt" 2>&1
-MPI_EXTRA=""
-for extra in "" "--oversubscribe" "--mca ras ^slurm,tm,gridengine,lsf,simulator --oversubscribe"; do
-  timeout 30 mpirun --allow-run-as-root --hostfile "$OUT/hostfile" -np 2 --map-by slot --bind-to none \
-    --mca plm_rsh_agent "$OUT/agent.sh" --mca plm_rsh_no_tree_spawn 1 --leave-session-attached \
-    --mca orte_keep_fqdn_hostnames 1 --display-allocation --mca rmaps_base_verbose 10 $extra hostname \
-    >>"$OUT/mpi_probe.txt" 2>&1
-  rc=$?; echo "=== mpirun probe with [$extra]: exit $rc" | tee -a "$OUT/mpi_probe.txt"
-  if [ $rc = 0 ]; then MPI_EXTRA=$extra; break; fi
-done
-if [ -n "$MPI_EXTRA" ]; then
-  json=$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1].split()))' "$MPI_EXTRA")
-  NCCL_SET+=(--set "mpi.extra_args=$json"); DEEPEP_SET+=(--set "mpi.extra_args=$json")
-  BENCH_SET+=(--set "mpi.extra_args=$json")
-elif [ -n "${PROBE_FALLBACK:-yes}" ]; then
-  DEEPEP_SET+=(--set deepep.launcher=direct)  # still one process per node, started by the node actor
-fi
+# What decides how mpirun launches here (the 2 x H200 sandbox sets OMPI_MCA_plm=isolated: a4ray asks for rsh).
+{ env | grep -i -E "^(ompi|orte|opal|pmix|prte|slurm|pbs|hydra)"; grep -v '^#' /etc/openmpi/openmpi-mca-params.conf 2>/dev/null \
+  | grep .; } >"$OUT/mpi_env.txt" 2>&1
 
 step nccl 300 python3 benchmarks/nccl_gang_vs_mpirun.py --nodes 2 --gpus-per-node 1 "${BENCH_SET[@]}" --out "$OUT/nccl"
 step deepep 420 python3 -m a4ray.deepep_test -f jobs/deepep_test_local.yaml "${DEEPEP_SET[@]}" --result "$OUT/deepep.json"
