@@ -10,7 +10,7 @@ import json
 
 from conftest import REPO
 
-from a4ray.observe.flight import NoRecord, match
+from a4ray.observe.flight import NoRecord, analyze, match
 from a4ray.observe.hang import judge
 from a4ray.observe.ras import Finding
 from a4ray.observe.stacks import StackDump
@@ -30,7 +30,9 @@ WAITING = [StackDump(rank=str(r), node=r // 2, pid=100 + r, where="all_reduce (d
 def test_every_record_names_the_rank_that_never_entered_the_collective():
     m = match(RECORDS, [0, 1, 2, 3])
     assert (m.collective.seq, m.collective.op, m.waiting, m.never_joined) == (4, "gloo:all_reduce", [0, 1, 2], [3])
-    assert m.members_known and "torch's analyzer refused these records (KeyError" in m.note
+    assert m.members_known
+    # torch's own analyzer, run for the hang report, refuses gloo's records (their group is named "" in pg_config)
+    assert analyze(RECORDS)[0].startswith("torch's analyzer refused these records (KeyError")
     verdict = judge(RECORDS, {}, [], NODES, NPROC)
     assert [(c.rank, c.node.host) for c in verdict.culprits] == [(3, "sim-host-002")]
     assert verdict.line().startswith("culprit: rank 3 on node 1 (sim-host-002, 127.0.0.3) "
@@ -85,7 +87,7 @@ def test_the_evidence_rule_on_complete_partial_and_full_records():
     inside["pg_status"]["0"]["last_enqueued_collective"] = "4"
     everyone = judge({**RECORDS, 3: inside}, {}, [], NODES, NPROC)
     assert everyone.culprits == [] and not everyone.undetermined and everyone.waiting == [0, 1, 2, 3]
-    assert "every member of the group is inside #4: the fabric, or a rank frozen there" in everyone.note
+    assert everyone.note == "every member of the group is inside #4: the fabric, or a rank frozen there, not one rank"
 
 
 def test_a_gone_process_a_stack_outside_and_ras_are_evidence_a_stack_frozen_inside_is_not():

@@ -19,8 +19,8 @@ process gone says something about the rank; the others say only that it could no
 
 Matching: a4ray matches collective_seq_id per process group itself: in a group whose collective #S some
 rank entered and did not finish, the members that never entered #S are the culprits. torch's own analyzer
-(`torch.distributed.flight_recorder.components.builder.build_db`) is run over the same records, and where it
-refuses them the verdict says so: on gloo's it raises KeyError (the entries name the default group
+(`torch.distributed.flight_recorder.components.builder.build_db`) is run over the same records for the hang report, and where it
+refuses them the report says so: on gloo's it raises KeyError (the entries name the default group
 "0"/"default_pg", its pg_config names it "", with no member ranks), so it cannot be the one that decides.
 """
 
@@ -285,7 +285,6 @@ class Match(BaseModel):
     sides: list[DesyncSide] = []  # a desync at `collective`'s sequence number: who called what, the minority first
     waiting_since: float | None = None  # wall clock: when the first waiting rank entered the collective
     analyzer: str = ""
-    analyzer_output: str = ""  # what torch's analyzer printed over the records: for the hang report, not the stream
     note: str = ""
 
 
@@ -360,7 +359,6 @@ def desync(by_rank: dict[int, list[dict]]) -> tuple[int, list[DesyncSide]] | Non
 def match(records: dict[int, dict], world: list[int]) -> Match:
     """Match every rank's record (`records`: global rank -> its flight record) by collective_seq_id per
     process group; `world`: every rank of the launch (those without a record are missing)."""
-    torch_note, printed = _torch_analyzer(records)
     groups: dict[str, dict[int, list[dict]]] = {}
     for rank, record in records.items():
         for entry in record.get("entries") or []:
@@ -377,9 +375,9 @@ def match(records: dict[int, dict], world: list[int]) -> Match:
                 first = min(open_, key=lambda e: e["collective_seq_id"])
                 stuck.append((first["collective_seq_id"], group, first))
     if not stuck and not desyncs:
-        return Match(analyzer="a4ray", missing=sorted(set(world) - set(records)), analyzer_output=printed,
+        return Match(analyzer="a4ray", missing=sorted(set(world) - set(records)),
                      note="every recorded collective had finished: the ranks are not blocked in a collective "
-                     "the flight recorder saw" + torch_note)
+                     "the flight recorder saw")
     sides: list[DesyncSide] = []
     if desyncs:  # ranks that disagree on a collective: the first place they did is the root, whatever hangs later
         seq, group, sides = desyncs[0]
@@ -400,7 +398,7 @@ def match(records: dict[int, dict], world: list[int]) -> Match:
     return Match(collective=collective_, waiting=waiting, never_joined=never, members=members, members_known=known,
                  missing=sorted(r for r in members if r not in records), sides=sides,
                  waiting_since=min(created) if created else None, analyzer="a4ray (collective_seq_id per process "
-                 "group)", analyzer_output=printed, note=torch_note.lstrip("; "))
+                 "group)")
 
 
 def collective(entry: dict) -> Collective:
@@ -418,13 +416,14 @@ def last_enqueued(record: dict, group: str) -> int:
         return 0
 
 
-def _torch_analyzer(records: dict[int, dict]) -> tuple[str, str]:
-    """Run torch's analyzer over the records: ("" when it accepts them, else why a4ray matched them itself; what it
-    printed, which belongs in the hang report: it prints its findings raw, unprefixed, several times over)."""
+def analyze(records: dict[int, dict]) -> tuple[str, str]:
+    """Run torch's own analyzer over the records, for the hang report: (whether it accepted them, or why a4ray
+    matched them itself; what it printed: its findings come raw and unprefixed, several times over). Run after the
+    verdict, never before it: its first import of torch costs the driver seconds (9 s on two loaded cores)."""
     try:
         from torch.distributed.flight_recorder.components.builder import build_db
     except ImportError:
-        return "; torch's flight-recorder analyzer is not in this torch (>= 2.10 has it)", ""
+        return "torch's flight-recorder analyzer is not in this torch (>= 2.10 has it)", ""
     details = {f"rank{r}": {**record, "rank": r} for r, record in records.items()}
     args = argparse.Namespace(verbose=False, just_print_entries=False, allow_incomplete_ranks=True,
                               mismatch_cap=10, selected_ranks=None, pg_filters=None, output=None)
@@ -434,5 +433,5 @@ def _torch_analyzer(records: dict[int, dict]) -> tuple[str, str]:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
             build_db(details, args, version)
     except (KeyError, AssertionError, ValueError, TypeError, AttributeError, SystemExit) as e:
-        return f"; torch's analyzer refused these records ({type(e).__name__}: {str(e)[:80]})", printed.getvalue()
-    return "", printed.getvalue()
+        return f"torch's analyzer refused these records ({type(e).__name__}: {str(e)[:80]})", printed.getvalue()
+    return "torch's analyzer accepted these records", printed.getvalue()

@@ -168,7 +168,7 @@ class Evidence:
 
     @property
     def summary(self) -> str:
-        return summarize(self.dumps) if self.dumps else "no stacks collected (observe.watchdog.py_spy is off)"
+        return summarize(self.dumps) if self.dumps else "no stacks (no rank processes, or observe.watchdog.py_spy is off)"
 
 
 def collect(actors: list, nodes: list[NodeRef], nproc: list[int], *, py_spy: bool, flight_recorder: bool,
@@ -202,15 +202,22 @@ def collect(actors: list, nodes: list[NodeRef], nproc: list[int], *, py_spy: boo
 
 def write_report(why: str, evidence: Evidence, verdict: HangVerdict, report_dir: Path) -> None:
     """The hang report: every rank's stack (`rank-0003.txt`, a helper's `r1-pid123.txt`), `summary.txt`,
-    `verdict.json`, and what torch's flight-recorder analyzer printed over the records (`analyzer.txt`)."""
+    `verdict.json`; what torch's flight-recorder analyzer makes of the records follows (`write_analysis`)."""
     report_dir.mkdir(parents=True, exist_ok=True)
     for d in evidence.dumps:
         name = f"rank-{int(d.rank):04d}.txt" if d.rank.isdigit() else f"{d.rank.replace(':', '-')}.txt"
         (report_dir / name).write_text(d.text + (f"\n# py-spy error: {d.error}\n" if d.error else ""))
     (report_dir / "summary.txt").write_text(f"{why}\n{evidence.summary}\n{evidence.ras_line}\n{verdict.line()}\n")
     (report_dir / "verdict.json").write_text(verdict.model_dump_json(indent=2))
-    if verdict.analyzer_output:
-        (report_dir / "analyzer.txt").write_text(verdict.analyzer_output)
+
+
+def write_analysis(records: dict[int, dict], report_dir: Path) -> None:
+    """`analyzer.txt` in the hang report: what torch's own flight-recorder analyzer says of the records (after the
+    verdict: its import of torch takes seconds)."""
+    if records:
+        note, printed = flight.analyze(records)
+        report_dir.mkdir(parents=True, exist_ok=True)
+        (report_dir / "analyzer.txt").write_text(f"{note}\n\n{printed}")
 
 
 def inspect(actors: list, nodes: list[NodeRef], nproc: list[int], ended: dict[int, tuple[int, float]], *,
@@ -334,8 +341,7 @@ def judge(records: dict[int, dict], missing: dict[int, NoRecord], dumps: list[St
 
     def verdict(**fields) -> HangVerdict:
         return HangVerdict(culprits=sorted(named.values(), key=lambda c: c.rank), evidence=evidence,
-                           note="; ".join(n for n in notes if n), ended=ended_ranks(),
-                           analyzer_output=m.analyzer_output if m else "", **fields)
+                           note="; ".join(n for n in notes if n), ended=ended_ranks(), **fields)
 
     if records:
         evidence.append(f"flight recorder of rank(s) {ranges(sorted(records))}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from a4ray.observe.stacks import ranges
 
@@ -114,7 +114,6 @@ class HangVerdict(BaseModel):
     sides: list[DesyncSide] = []  # kind "desync": who called what, the minority first
     waiting_in: str = ""  # where the waiting ranks' stacks are, when no flight record names the collective
     waiting_since: float | None = None  # wall clock: when the first waiting rank entered the collective (records)
-    analyzer_output: str = Field("", exclude=True)  # what torch's analyzer printed: the hang report's, not the record's
 
     def line(self) -> str:
         tail = f" (evidence: {', '.join(self.evidence) or 'none'})" + (f"; {self.note}" if self.note else "")

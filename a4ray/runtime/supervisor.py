@@ -14,6 +14,7 @@ from __future__ import annotations
 import pickle
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,7 @@ _LOST_CHECK_S = 10.0  # after a node fails: how long its peers have to show they
 # finishing their own last step end too.
 _AFTER_END_S = (2.0, 5.0, 15.0, 30.0, 60.0)
 # A peer's failure that is the echo of a rank that left: gloo's, NCCL's and the socket's words for it.
+_ANALYSIS_WAIT_S = 60.0  # how long the end of a launch waits for torch's analyzer to write its part of the report
 _ECHO_WAIT_S = 3.0  # a failure in a peer-gone's words: how long the rank that left has to be seen
 _ECHO = re.compile(r"Connection (closed|reset) by peer|remote process exited|ncclRemoteError|Broken pipe|"
                    r"socket closed|recvBytes failed|peer closed")
@@ -120,6 +122,7 @@ class Supervisor:
         self.suspicion: tuple[tuple, float] | None = None  # (what a look saw of ranks waiting, when to look again)
         self.said_not_hung = False
         self.suspected_at: float | None = None  # wall clock: the first look of the latest suspicion
+        self.analysis: threading.Thread | None = None  # torch's analyzer over a verdict's records, for the report
 
     def _emit(self, rank: int, poll: Poll) -> None:
         node = self.members[rank]
@@ -267,6 +270,10 @@ class Supervisor:
         for culprit in {c.node.node: c for c in verdict.culprits if verdict.kind == "hang"}.values():
             metrics.record_culprit(*self.tags, culprit.node)  # a rank that ended early or desynced: the program's
         hang.write_report(why, evidence, verdict, self.hang_dir)
+        # torch's own analyzer, for the report, while the gang stops (watch() waits for it)
+        self.analysis = threading.Thread(target=hang.write_analysis, args=(evidence.records, self.hang_dir),
+                                         name="a4ray-fr-analyzer", daemon=True)
+        self.analysis.start()
         out = self.outcome
         out.kind, out.hang_report, out.hang_verdict = "hang", str(self.hang_dir), verdict
         if verdict.kind == "hang":
@@ -286,6 +293,8 @@ class Supervisor:
             return self._watch()
         finally:
             self._close_stream()
+            if self.analysis is not None:
+                self.analysis.join(_ANALYSIS_WAIT_S)
 
     def _watch(self) -> Outcome:
         out = self.outcome
