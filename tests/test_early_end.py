@@ -55,6 +55,19 @@ for it in range(1, 50):
 """
 
 
+# Every rank trains the same steps; rank 0 then saves for 8 s while the others have ended: not a failure.
+LAST_SAVE = """
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+for it in range(3):
+    dist.all_reduce(torch.ones(4))
+dist.destroy_process_group()
+if os.environ["RANK"] == "0":
+    print("saving the last checkpoint", flush=True)
+    time.sleep(8)
+"""
+
+
 def _run(tmp_path: Path, program: str, *sets: str):
     script = tmp_path / "program.py"
     script.write_text(program)
@@ -100,3 +113,13 @@ def test_a_desync_names_the_minority_from_the_stacks(local_cluster, tmp_path):
     assert result.failure.startswith("desync: rank 2 called all_gather_into_tensor while ranks 0-1, 3 called "
                                      "all_reduce"), result.failure
     assert result.times.verdict_at - result.times.last_progress_at < 60
+
+
+def test_ranks_that_end_while_rank_0_saves_its_last_checkpoint_are_no_failure(local_cluster, tmp_path):
+    script = tmp_path / "program.py"
+    script.write_text(LAST_SAVE)
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", f"command.argv=[{script}]",
+               "command.torchrun=true", workspace=tmp_path)
+    with Gang(spec, log_dir=str(tmp_path / "logs"), run_dir=str(tmp_path / tmp_path.name)) as gang:
+        result = gang.run(Command(spec).launch)
+    assert result.ok and result.hang_verdict is None, result.failure
