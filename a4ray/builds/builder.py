@@ -38,7 +38,7 @@ from a4ray.core.errors import ToolMissing
 from a4ray.runtime.connect import Connection
 from a4ray.runtime.gang import Gang
 from a4ray.spec.artifacts import ArtifactSpec, parse_source
-from a4ray.spec.toolbuilds import BuildSpec
+from a4ray.spec.toolbuilds import PINNED, BuildSpec
 from a4ray.staging.stager import stage
 
 RECORD = "a4ray-build.json"
@@ -48,6 +48,9 @@ Status = Literal["image", "cached", "built", "joined"]
 
 class BuildFailed(ToolMissing):
     """A tool could not be built on some node: names what is missing there, or the build's own last words."""
+
+    def __reduce__(self):  # raised in a Ray task: the hint (where the whole log is) travels with it
+        return type(self), (self.message,), {"hint": self.hint}
 
 
 class BuildRecord(BaseModel):
@@ -231,6 +234,7 @@ def ensure(gang: Gang, tool: str, spec: BuildSpec, *, workspace: str, log_dir: s
     build.mode allows, else built (or found built) from the staged source. Raises BuildFailed naming each
     node's missing pieces, or the failed build's last words."""
     recipe = RECIPES[tool]
+    spec = spec if spec.source else spec.model_copy(update={"source": PINNED[tool]})
     ranks = range(len(gang.nodes))
     req = BuildRequest(tool=tool, spec=spec, node=0, workspace=workspace, paths=[image] if image else [])
     toolchains = ray.get([_probe_task.options(scheduling_strategy=_on(gang, r)).remote(req.model_copy(
@@ -269,8 +273,10 @@ def ensure(gang: Gang, tool: str, spec: BuildSpec, *, workspace: str, log_dir: s
     try:
         outcomes = ray.get(tasks, timeout=spec.timeout_s + 600)
     except ray.exceptions.RayTaskError as e:
-        cause = e.as_instanceof_cause()
-        raise (cause if isinstance(cause, BuildFailed) else BuildFailed(f"building {tool} failed: {e}")) from None
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, BuildFailed):
+            raise cause from None
+        raise BuildFailed(f"building {tool} failed: {cause or e}") from None
     for o in outcomes:
         say(o.line())
     return outcomes

@@ -64,5 +64,6 @@ NCCL_TESTS = Recipe("nccl-tests", needs=("nvcc", "nccl", "mpi", "gpu_arch"),
                     outputs=("src/build/all_reduce_perf", "src/build/all_gather_perf",
                              "src/build/reduce_scatter_perf", "src/build/alltoall_perf"))
 # libibverbs: NVSHMEM's RDMA transports load it at run time; without it only NVLink works (one node).
-DEEPEP = Recipe("deepep", needs=("nvcc", "cccl", "nvshmem", "torch", "ninja", "gpu_arch"), outputs=("src/deep_ep_cpp*.so",))
+DEEPEP = Recipe("deepep", needs=("nvcc", "cccl", "nvshmem", "torch", "ninja", "gpu_arch"),
+                outputs=("src/deep_ep_cpp*.so",))
 RECIPES = {r.tool: r for r in (NCCL_TESTS, DEEPEP)}

@@ -34,8 +34,8 @@ _LL_BOTH = re.compile(r"\[rank (\d+)\] Dispatch \+ combine bandwidth: ([\d.]+) G
 _LL_EACH = re.compile(r"\[rank (\d+)\] Dispatch bandwidth: ([\d.]+) GB/s.*\| Combine bandwidth: ([\d.]+) GB/s")
 # DeepEP's own words for a failure (csrc/kernels/exception.cuh, its host asserts), NVSHMEM's and CUDA's, and
 # Python's end of a spawned process.
-_FAILURE = re.compile(r"DeepEP timeout|DeepEP error|Failed: Assertion|AssertionError|CUDA error|NVSHMEM.*(?:ERROR|error)"
-                      r"|RuntimeError:|ProcessRaisedException|Rank \d+ failed")
+_FAILURE = re.compile(r"DeepEP timeout|DeepEP error|Failed: Assertion|AssertionError|CUDA error"
+                      r"|NVSHMEM.*(?:ERROR|error)|RuntimeError:|ProcessRaisedException|Rank \d+ failed")
 
 
 class Best(BaseModel):

@@ -12,6 +12,7 @@ from a4ray.spec.fields import PathStr, PositiveInt, Spec
 # The pinned sources the seeds run: nccl-tests v2.17.6, DeepEP 8a07e7e (refs/pull/466/head).
 NCCL_TESTS_SOURCE = "git+https://github.com/NVIDIA/nccl-tests.git@da0b547b1b9c6e3b1d4c15578087874522ae3761"
 DEEPEP_SOURCE = "git+https://github.com/deepseek-ai/DeepEP.git@8a07e7e7ed57cfc63005f670d64d410cb30b061b"
+PINNED = {"nccl-tests": NCCL_TESTS_SOURCE, "deepep": DEEPEP_SOURCE}
 
 
 def _arch_text(value: Any) -> Any:
@@ -34,7 +35,8 @@ class BuildSpec(Spec):
     nvshmem_dir: PathStr = Field("", description="DeepEP: NVSHMEM; empty: the node python's nvidia-nvshmem package")
     mpi_home: PathStr = Field("", description="nccl-tests: MPI with include/mpi.h; empty: found from mpicc, "
                               "else the usual OpenMPI places")
-    gpu_arch: Annotated[str, BeforeValidator(_arch_text)] = Field("", pattern=r"^(\d+\.\d+)?$", description="compute capability to build for, e.g. 9.0 "
+    gpu_arch: Annotated[str, BeforeValidator(_arch_text)] = Field(
+        "", pattern=r"^(\d+\.\d+)?$", description="compute capability to build for, e.g. 9.0 "
                           "(H200) or 10.0 (B200); empty: the node's GPUs' (nvidia-smi)")
     jobs: PositiveInt = Field(16, le=1024, description="parallel compile jobs")
     timeout_s: PositiveInt = Field(3600, le=86400, description="limit of one build")

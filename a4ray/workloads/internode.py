@@ -37,8 +37,8 @@ _MPI_GUARD = (
     'the gang order, and DeepEP would hang" >&2; exit 97; fi; export RANK="$OMPI_COMM_WORLD_RANK"; exec "$@"'
 )
 # A built DeepEP (deep_ep and deep_ep_cpp in its directory) comes first on the test's path, before the node's.
-_DEEPEP_PATH = ('if [ -n "$A4RAY_DEEPEP_PATH" ]; then export PYTHONPATH="$A4RAY_DEEPEP_PATH${PYTHONPATH:+:$PYTHONPATH}"; '
-                'fi; exec "$@"')
+_DEEPEP_PATH = ('if [ -n "$A4RAY_DEEPEP_PATH" ]; then '
+                'export PYTHONPATH="$A4RAY_DEEPEP_PATH${PYTHONPATH:+:$PYTHONPATH}"; fi; exec "$@"')
 _BEST = ("dispatch FP8", "dispatch BF16", "combine")
 _TITLE = {"intranode": "intranode (one node, NVLink)", "low_latency": "low-latency (one node)",
           "internode": "internode (RDMA + NVLink)"}
@@ -77,7 +77,8 @@ class DeepEPResult(WorkloadResult):
             best = report.best.get(name)
             if not best:
                 return "-"
-            return f"{best.rdma_gbps:.2f} / {best.nvl_gbps:.2f}" if best.rdma_gbps is not None else f"{best.nvl_gbps:.2f}"
+            rdma = f"{best.rdma_gbps:.2f} / " if best.rdma_gbps is not None else ""
+            return f"{rdma}{best.nvl_gbps:.2f}"
 
         parts = []
         for run in self.runs:
