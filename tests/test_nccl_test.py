@@ -19,8 +19,10 @@ from a4ray.builds import builder, toolchain, tools
 from a4ray.builds.builder import BuildFailed
 from a4ray.core.errors import ToolMissing
 from a4ray.driver.execute import run
+from a4ray.parsers import nccl_tests
 from a4ray.programs.collectives import bus_factor
 from a4ray.spec.toolbuilds import BuildSpec
+from a4ray.workloads import tool_words
 from tests.conftest import job
 
 STANDIN = Path(__file__).parent / "programs" / "nccl_tests_standin.py"
@@ -266,3 +268,19 @@ def test_nccl_tests_built_on_the_nodes_and_run_through_the_gang(local_cluster, t
     assert f"{result.binaries_dir}/all_reduce_perf -b 64K" in (logs / "node-00.log").read_text()
     (c,) = result.collectives
     assert len(c.run.devices) == 2 and c.busbw > 0
+
+
+def test_a_failed_launch_is_said_in_the_tools_words():
+    """The gang's failure as 2 x H200 printed it (mpirun's box, under OMPI_MCA_plm=isolated), and nccl-tests'
+    own failure line (src/common.h NCCLCHECK's format, v2.17.6) put first where a rank printed one."""
+    failure = ("node 0 (vm (127.0.0.2, sim-block-0/sim-subblock-0/sim-host-000)) exited with code 1; last lines:\n"
+               "    --------------------------------------------------------------------------\n"
+               "    All nodes which are allocated for this job are already filled.\n"
+               "    --------------------------------------------------------------------------")
+    assert tool_words.said(failure) == ("node 0 (vm (127.0.0.2, sim-block-0/sim-subblock-0/sim-host-000)) exited "
+                                        "with code 1; last lines: All nodes which are allocated for this job are "
+                                        "already filled.")
+    own = "vm: Test NCCL failure common.cu:1041 'unhandled system error / Call to ibv_reg_mr failed'"
+    assert nccl_tests.FAILURE.search(own)
+    assert tool_words.said(failure, [own]) == f"{own} (node 0 (vm (127.0.0.2, sim-block-0/sim-subblock-0/" \
+                                              "sim-host-000)) exited with code 1)"

@@ -22,6 +22,9 @@ _DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+(\d+)\s+on\s+(\S+
                      r"device\s+(\d+)\s+(\[[^\]]*\])\s*(.*)$")
 _OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s*(\w+)?")
 _AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([-\d.eE+]+)\s*(\w+)?")
+# nccl-tests' own words for a failure (src/common.h: CUDACHECK, NCCLCHECK, TESTCHECK), e.g.
+# `vm: Test NCCL failure common.cu:1041 'unhandled system error / ...'`.
+FAILURE = re.compile(r"Test (?:CUDA |NCCL )?failure\b")
 # a4ray's torch benchmark says which torch.distributed backend it measured.
 _BACKEND = re.compile(r"^#\s*a4ray torch.distributed benchmark: backend (\w+)")
 

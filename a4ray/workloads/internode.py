@@ -27,6 +27,7 @@ from a4ray.runtime.gang import Gang
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.runtime.mpirun import mpi_launch
 from a4ray.spec.deepep import DeepEPJob
+from a4ray.workloads import tool_words
 from a4ray.workloads.workload import Workload, WorkloadResult, run_launch
 
 # Under mpirun: refuse to start where MPI's rank order and the gang's differ, rather than hang in
@@ -238,8 +239,8 @@ class DeepEPTest(Workload[DeepEPJob]):
                          if (r.cases or r.best) and not r.all_passed]
         if missing:
             problems.append(f"node{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} reported no results")
-        if not gang.ok and gang.failure:
-            problems.append(gang.failure.splitlines()[0])
+        if not gang.ok:
+            problems.append(tool_words.said(gang.failure))
         figures: dict[str, float] = {}
         for r in reports:
             for name, value in r.figures().items():
@@ -252,4 +253,4 @@ class DeepEPTest(Workload[DeepEPJob]):
                 problems.append(f"{name} {figures[name]:.2f} < {floor:g} GB/s")
         return DeepEPRun(test=test, nodes=members, ok=gang.ok and not problems, reports=reports, figures=figures,
                          thresholds=thresholds, problems=problems,
-                         exit="" if gang.ok else (gang.failure or "failed").splitlines()[0])
+                         exit="" if gang.ok else tool_words.said(gang.failure))

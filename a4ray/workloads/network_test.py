@@ -32,6 +32,7 @@ from a4ray.runtime.mpirun import mpi_launch
 from a4ray.runtime.node_actor import Line
 from a4ray.runtime.simulated import SIMULATED_LABEL
 from a4ray.spec.nccl import NCCL_TESTS_DIRS, NcclTestJob, format_size
+from a4ray.workloads import tool_words
 from a4ray.workloads.torchrun import torchrun
 from a4ray.workloads.workload import Plan, Workload, WorkloadResult, run_launch
 
@@ -144,17 +145,21 @@ def _cells(t) -> list[object]:
 
 
 class _Lines:
-    """Collects a launch's output: node 0's first rank (the table) and every NCCL INFO line."""
+    """Collects a launch's output: node 0's first rank (the table), every NCCL INFO line, and nccl-tests'
+    own failure lines from any rank."""
 
     def __init__(self) -> None:
         self.table: list[str] = []
         self.info: list[str] = []
+        self.failures: list[str] = []
 
     def __call__(self, rank: int, line: Line) -> None:
         if rank == 0 and line.local_rank in (None, 0):
             self.table.append(line.text)
         if "NCCL INFO" in line.text:
             self.info.append(line.text)
+        elif nccl_tests.FAILURE.search(line.text) and len(self.failures) < 5:
+            self.failures.append(line.text)
 
 
 # Each rank's GPU is its node-local MPI rank: nccl-tests would count ranks per hostname, and simulated nodes
@@ -300,8 +305,8 @@ class NcclTest(Workload[NcclTestJob]):
             info += lines.info
             for run in nccl_tests.parse(lines.table, binary=f"{batch[0]}_perf"):
                 runs[run.collective] = run
-            if not gang_result.ok:
-                failures.update({c: (gang_result.failure or "the launch failed").splitlines()[0] for c in batch})
+            if not gang_result.ok:  # nccl-tests' own words where it printed them
+                failures.update({c: tool_words.said(gang_result.failure, lines.failures) for c in batch})
                 # A broken fabric fails (or hangs until the timeout) every collective alike.
                 failures.update({c: f"not run: {batch[0]} failed first" for later in batches[i + 1:] for c in later})
                 break
