@@ -222,7 +222,10 @@ class Fault(threading.Thread):
                 if new:
                     first = new[0]
             time.sleep(0.01)
-        self.figures = {"fault_at": t_fault, "iteration": at_fault,
+        # the furthest the faulted ranks got (rank 0 may finish an iteration or two after the fault: NCCL's
+        # collectives are queued, and a stopped peer had joined the last one)
+        reached = max([it for _, it, pid, _ in progress(self.work) if pid == rank0] + [at_fault])
+        self.figures = {"fault_at": t_fault, "iteration": reached,
                         "gone": gone - t_fault if gone else None,
                         "first": first[0] - t_fault if first else None,
                         "resumed_from": first[1] - 1 if first else None}
@@ -244,6 +247,7 @@ class Soak:
         self.args, self.root = args, root
         self.gpu = args.gpus_per_node_real
         self.cluster = None
+        self.nodes = 2  # the cluster's size
         self.legs = 0
 
     def argv(self, work: Path) -> list[str]:
@@ -269,6 +273,8 @@ class Soak:
             if injector:
                 injector.stop()
             self.clean(work)
+            while len(self.cluster.workers) < self.nodes:  # a lost node replaced for the next leg
+                self.cluster.add_node()
         seen = progress(work)
         out = {"launcher": launcher, "fault": fault, "at": at, "wall": own.pop("wall", wall),
                "iterations": seen[-1][1] if seen else 0, "step": step_time(work), **own}
@@ -390,8 +396,7 @@ class Soak:
             return
         index = next(i for i, node in self.cluster.workers.items()
                      if any(info.process.pid in ancestors for info in node.all_processes.get("raylet", [])))
-        self.cluster.remove_node(index)
-        self.cluster.add_node()  # the cluster's size for the next leg (the gang's spare took its place already)
+        self.cluster.remove_node(index)  # the spare node takes its place; `leg` restores the size (Ray's main thread)
 
 
 # ---------------------------------------------------------------------------------------------- the report
@@ -416,11 +421,21 @@ def main() -> int:
     parser.add_argument("--cap-s", type=float, default=150, help="a leg's limit")
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--json", default=None, help="write every leg's figures here (after each leg)")
+    parser.add_argument("--report", default=None, help="only print the report of a --json file of an earlier run")
     parser.add_argument("--set", action="append", default=[], help="another a4ray spec override (repeatable)")
     parser.add_argument("--faults-first", action="store_true", help="the fault legs before the fault-free rounds")
     parser.add_argument("--budget-s", type=float, default=None, help="start no leg after this many seconds; report "
                         "what ran")
     args = parser.parse_args()
+
+    if args.report:
+        legs = json.loads(Path(args.report).read_text())
+        launchers = [m for m in LAUNCHERS if any(leg["launcher"] == m for leg in legs)]
+        faults = [f for f in FAULTS if any(leg["fault"] == f for leg in legs)]
+        args.rounds = len({leg["round"] for leg in legs if leg.get("round") is not None})
+        args.iterations = max(leg["iterations"] for leg in legs)
+        report(legs, launchers, faults, args, f"from {args.report}")
+        return 0
 
     import torch
 
@@ -452,7 +467,8 @@ def main() -> int:
 
     root = Path(tempfile.mkdtemp(prefix="goodput-soak-"))
     soak = Soak(args, root)
-    soak.cluster = SimulatedCluster(3 if spare else 2, args.gpus_per_node, cpus_per_node=args.cpus_per_node)
+    soak.nodes = 3 if spare else 2
+    soak.cluster = SimulatedCluster(soak.nodes, args.gpus_per_node, cpus_per_node=args.cpus_per_node)
     legs: list[dict] = []
     device = torch.cuda.get_device_name(0) if args.gpus_per_node_real else f"CPU ({os.cpu_count()} cores)"
     print(f"goodput soak: 2 nodes x {args.gpus_per_node} ranks on {device}, {args.iterations} iterations, a checkpoint "
@@ -514,18 +530,20 @@ def report(legs: list[dict], launchers: list[str], faults: list[str], args, devi
             if leg is None:
                 continue
             first, gone = leg.get("first"), leg.get("gone")
-            redone = (leg["iteration"] - leg["resumed_from"]) if leg.get("resumed_from") is not None else None
-            work = redone * step[m] if redone is not None else None
+            redone = max(0, leg["iteration"] - leg["resumed_from"]) if leg.get("resumed_from") is not None else None
+            per = step[m] if step[m] == step[m] else leg["step"]  # no fault-free leg ran: the leg's own
+            work = redone * per if redone is not None and per is not None else None
             total = first + work if first is not None and work is not None else None
             lost[(f, m)] = total
+            capped = f"> {leg['wall']:.0f}s"
             recovery = first - gone if first is not None and gone is not None else None
-            ettr = args.iterations * step[m] / leg["wall"] if leg["iterations"] == args.iterations else None
+            ettr = args.iterations * per / leg["wall"] if leg["iterations"] == args.iterations and per else None
             note = leg.get("note", "")
             if leg.get("verdict_at") and leg.get("fault_at"):
                 note = f"verdict {leg['verdict_at'] - leg['fault_at']:.2f}s; " + note
             print(f"  {f:8s} {m:9s} {leg['at']:>3d} {fmt(gone, width=9)} {fmt(recovery, width=8)} "
                   f"{'-' if redone is None else redone:>6} {fmt(work, width=9)} "
-                  f"{fmt(total, width=9) if total is not None else f'> {args.cap_s:g}s':>10} {leg['wall']:6.1f}s "
+                  f"{fmt(total, width=9) if total is not None else capped:>10} {leg['wall']:6.1f}s "
                   f"{'-' if ettr is None else f'{ettr:.3f}':>6}  {note[:130]}")
     print("\ngoals: a4ray's time lost per fault <= 1/3 of torchrun's and <= 1/2 of Ray Train's; fault-free step time "
           "<= 1.01x torchrun's")
@@ -535,7 +553,7 @@ def report(legs: list[dict], launchers: list[str], faults: list[str], args, devi
             if (f, other) not in lost:
                 continue
             theirs = lost[(f, other)]
-            theirs_s = f"{theirs:.2f}s" if theirs is not None else f"> {args.cap_s:g}s (not recovered)"
+            theirs_s = f"{theirs:.2f}s" if theirs is not None else "not recovered within its leg"
             met = mine is not None and (theirs is None or mine <= share * theirs)
             print(f"  {f:8s} a4ray {fmt(mine, width=6)} vs {other} {theirs_s}: {'met' if met else 'MISSED'}")
 
