@@ -185,7 +185,14 @@ def _live_goodput(job: str, run: str, gang: Gang, attempt: int, attempts: list[A
         now = time.time()
         times = LaunchTimes(placing_at=gang.placing_at, ended_at=now)
         so_far = account([*attempts, stopwatch.record(attempt, times)], started_at, now)
-        metrics.record_goodput(job, run, so_far.goodput, so_far.buckets)
+        try:
+            metrics.record_goodput(job, run, so_far.goodput, so_far.buckets)
+        except Exception as e:  # noqa: BLE001 - a gauge must never stop the supervision of a training run
+            if not failed:
+                say(f"goodput gauges not updated: {type(e).__name__}: {e}")
+            failed.append(e)
+
+    failed: list[Exception] = []
 
     return update
 
