@@ -364,6 +364,13 @@ def test_the_watchdog_suspects_a_hang_at_the_runs_own_pace():
     clock.now += 2
     assert dog.alarm().why.startswith("no new iteration for 242s")
 
+    done = Watchdog(WatchdogSpec(**pace_only), clock=clock)  # after the final iteration the ranks save and exit
+    for it in range(1, 6):
+        done.progress(it, last=it == 5)
+        clock.now += 3
+    clock.now += 600
+    assert done.alarm() is None
+
     sparse = Watchdog(WatchdogSpec(**pace_only), clock=clock)
     for it in (1, 10, 20, 30):  # Megatron-LM's first line, then every log_interval
         sparse.progress(it)

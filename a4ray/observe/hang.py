@@ -8,8 +8,11 @@ The supervisor feeds the watchdog what it streams (output, iteration lines) and 
 
 from __future__ import annotations
 
+import pickle
 import re
 import statistics
+import subprocess
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -35,6 +38,7 @@ _BUSY = re.compile(r"saving checkpoint at iteration|\bEvaluating (on|iter)\b|\ba
 # a4ray's trainer's "saved checkpoint iteration", `a4ray: done ...`.
 _DONE = re.compile(r"successfully saved checkpoint|validation loss at|\bsaved checkpoint iteration\b|"
                    r"\ba4ray(\.\w+)?: done\b", re.IGNORECASE)
+_BUSY_HINTS = ("checkpoint", "valuat", "validation loss", "a4ray")  # in every line _BUSY or _DONE matches
 _PACE_SAMPLES = 50  # the median of the latest gaps between iteration lines
 
 
@@ -68,6 +72,7 @@ class Watchdog:
         self.last_iteration: int | None = None
         self.rearmed_at: float | None = None  # the latest inspection that found every rank computing
         self.looked_at: float | None = None  # the latest look of a quiet spell (`look_after_s`)
+        self.finishing = False  # the final iteration has come: no pace (saves, exits and evaluations follow)
         self.busy: str | None = None  # the line that said the run is busy, until it is done
         self._resumed = False  # a busy spell ended since the latest iteration: the next gap is no sample of the pace
         self._per_iteration: deque[float] = deque(maxlen=_PACE_SAMPLES)  # seconds per iteration, line to line
@@ -79,15 +84,20 @@ class Watchdog:
         if news:
             self.last_output_at = now
         for text in lines:
+            lowered = text.lower()
+            if not any(hint in lowered for hint in _BUSY_HINTS):  # a substring test first: most lines are neither
+                continue
             if _BUSY.search(text):
                 self.busy = text.strip()[:120]
             elif _DONE.search(text) and self.busy is not None:
                 self.busy = None
                 self.last_progress_at, self._resumed = now, True  # the pace counts again from here
 
-    def progress(self, iteration: int | None = None) -> None:
-        """An iteration line (`iteration`: its number; several ranks print the same one)."""
+    def progress(self, iteration: int | None = None, last: bool = False) -> None:
+        """An iteration line (`iteration`: its number; several ranks print the same one; `last`: the run's final
+        iteration: the ranks are finishing, and their pace no longer says anything)."""
         now = self.clock()
+        self.finishing = self.finishing or last
         if iteration is not None and self.last_iteration is not None:
             if iteration <= self.last_iteration:
                 return
@@ -140,7 +150,8 @@ class Watchdog:
                              f"observe.watchdog.no_progress_s={w.no_progress_s:g}, the upper bound)", w.no_progress_s,
                              bound=True)
             limit, said = self.window()
-            if limit is not None and limit != w.no_progress_s and quiet(self.last_progress_at) > limit:
+            if limit is not None and limit != w.no_progress_s and quiet(self.last_progress_at) > limit and \
+                    not self.finishing:
                 return Alarm(f"no new iteration for {stalled:.0f}s (after iteration {last}; {said})", limit)
         elif w.startup_s and quiet(self.started_at) > w.startup_s:
             return Alarm(f"no iteration line in the first {now - self.started_at:.0f}s (observe.watchdog.startup_s="
@@ -212,12 +223,25 @@ def write_report(why: str, evidence: Evidence, verdict: HangVerdict, report_dir:
 
 
 def write_analysis(records: dict[int, dict], report_dir: Path) -> None:
-    """`analyzer.txt` in the hang report: what torch's own flight-recorder analyzer says of the records (after the
-    verdict: its import of torch takes seconds)."""
-    if records:
-        note, printed = flight.analyze(records)
-        report_dir.mkdir(parents=True, exist_ok=True)
-        (report_dir / "analyzer.txt").write_text(f"{note}\n\n{printed}")
+    """`analyzer.txt` in the hang report: what torch's own flight-recorder analyzer says of the records. In a child
+    process, after the verdict: it imports torch (seconds), prints its findings raw through a logger of its own
+    bound to the process's stderr, and none of that belongs in the driver or its stream."""
+    if not records:
+        return
+    report_dir.mkdir(parents=True, exist_ok=True)
+    kept = report_dir / "records.pickle"
+    kept.write_bytes(pickle.dumps(records))
+    with open(report_dir / "analyzer.txt", "w") as out:
+        try:
+            subprocess.run([sys.executable, "-c", _ANALYZE, str(kept)], stdout=out, stderr=subprocess.STDOUT,
+                           stdin=subprocess.DEVNULL, timeout=_ANALYZER_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            out.write(f"\ntorch's analyzer did not finish in {_ANALYZER_TIMEOUT_S}s\n")
+
+
+_ANALYZE = ("import pickle, sys\nfrom a4ray.observe.flight import analyze\n"
+            "note, printed = analyze(pickle.loads(open(sys.argv[1], 'rb').read()))\nprint(note)\nprint(printed)")
+_ANALYZER_TIMEOUT_S = 120
 
 
 def inspect(actors: list, nodes: list[NodeRef], nproc: list[int], ended: dict[int, tuple[int, float]], *,
@@ -257,9 +281,11 @@ def settled(verdict: HangVerdict, window_s: float | None, seen_before: bool) -> 
         return "a rank ended while its peers wait for it"
     if verdict.kind == "desync":
         return "the ranks called different collectives"
+    if not verdict.waiting:  # a rank gone while nobody waits is a rank that finished: no hang of a collective
+        return None
     if any(c.why == "its process is gone" for c in verdict.culprits):
-        return "a rank's process is gone"
-    if not verdict.waiting or window_s is None:
+        return "a rank's process is gone while its peers wait in a collective"
+    if window_s is None:
         return None
     if verdict.waiting_since is not None and time.time() - verdict.waiting_since >= window_s:
         return f"ranks have waited in the collective for {time.time() - verdict.waiting_since:.0f}s"

@@ -163,7 +163,7 @@ class Supervisor:
 
     def _on_progress(self, progress: Progress) -> None:
         out = self.outcome
-        self.watchdog.progress(progress.iteration)
+        self.watchdog.progress(progress.iteration, last=progress.iteration == progress.train_iters)
         if out.last_iteration is None or progress.iteration > out.last_iteration:
             now = time.time()
             if out.times.first_iteration_at is None:

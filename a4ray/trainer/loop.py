@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                                 tokens_per_s=args.global_batch * args.seq_len / step), flush=True)
         if done % args.save_interval == 0 or done == args.iterations:
             if rank == 0:
+                print(f"a4ray.trainer: saving checkpoint at iteration {done}", flush=True)  # busy: the watchdog waits
                 path = checkpoint.save(save, done, model, optimizer, scheduler, config, Path(args.model), args.keep)
                 print(f"a4ray.trainer: saved checkpoint iteration {done} to {path}", flush=True)
             dist.barrier()
