@@ -55,9 +55,10 @@ WATCHDOG_DEFAULTS_ENV = "A4RAY_TEST_WATCHDOG_DEFAULTS"  # where tests/watchdog_d
 
 
 def pytest_configure(config):
-    """Start the watchdog-defaults runs (minutes each, idle while they wait) as the suite starts, once (not in each
-    xdist worker: they inherit where the runs are), when the suite or their module is what runs."""
-    if hasattr(config, "workerinput") or WATCHDOG_DEFAULTS_ENV in os.environ:
+    """Start the watchdog-defaults runs (minutes each, idle while they wait) as the suite starts, once, when the
+    suite or their module is what runs. Under xdist the controller loads no test conftest: the first worker to
+    make the run's directory (named by xdist's test-run id, which every worker shares) starts them."""
+    if WATCHDOG_DEFAULTS_ENV in os.environ:
         return
     tests = Path(__file__).resolve().parent
     wanted = [Path(a.split("::")[0]).resolve() for a in config.args] or [tests]
@@ -65,10 +66,15 @@ def pytest_configure(config):
         return
     from watchdog_defaults import start  # noqa: PLC0415 - tests/ is on sys.path only once pytest has configured
 
-    root = Path(tempfile.mkdtemp(prefix="a4ray-watchdog-defaults-"))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    start(root, {**env, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "token"})
+    run_id = getattr(config, "workerinput", {}).get("testrunuid") or str(os.getpid())
+    root = Path(tempfile.gettempdir()) / f"a4ray-watchdog-defaults-{run_id}"
     os.environ[WATCHDOG_DEFAULTS_ENV] = str(root)
+    try:
+        root.mkdir()
+    except FileExistsError:  # another worker has started them
+        return
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", WATCHDOG_DEFAULTS_ENV)}
+    start(root, {**env, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "token"})
 
 
 def pytest_collection_modifyitems(items):

@@ -143,7 +143,7 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
             config, rehearsing, conn = _rehearsal(kind, args.address)
         shape = " ".join(f"{flag} {value}" for flag, value in (("--local-nodes", args.local_nodes),
                                                                  ("--gpus-per-node", args.gpus_per_node)) if value)
-        if shape and rehearsal.is_local_profile(kind, config):  # the profile derives its parallelism from them
+        if shape and rehearsal.is_local_profile(kind, config) and kind in RECIPE_KINDS:  # the parallelism
             sets += rehearsal.fit_to_nodes(kind, config, sets, shape, make=not args.dry_run)
         spec = load_job(config, sets, kind=kind)
         job = command.job(spec, args) if command.job else job_for(spec)
