@@ -147,7 +147,7 @@ class HangVerdict(BaseModel):
                           for c in self.culprits)
         what = f" never joined {self.collective.describe()}" if self.collective else " is not inside a collective"
         waiting = f" that ranks {ranges(self.waiting)} wait in" if self.waiting and self.collective else (
-            f" while ranks {ranges(self.waiting)} wait in one" if self.waiting else "")
+            f" while ranks {ranges(self.waiting)} wait in {self.waiting_in or 'one'}" if self.waiting else "")
         return (f"culprit: {ranks}{what}{waiting} (evidence: {', '.join(self.evidence)})"
                 + (f"; {self.note}" if self.note else ""))
 
