@@ -102,7 +102,7 @@ def test_a_rank_that_leaves_while_its_peers_block_is_judged_within_seconds(local
     assert times.verdict_at - times.fault_seen_at < 30, times  # the event, not a watchdog window (no_output_s 120)
     assert (Path(result.hang_report) / "verdict.json").is_file()
     # torch's own analyzer ran over the same records after the verdict: its words are in the report, not the stream
-    assert (Path(result.hang_report) / "analyzer.txt").read_text().startswith("torch's analyzer")
+    assert "torch's analyzer" in (Path(result.hang_report) / "analyzer.txt").read_text()
 
 
 def test_a_desync_names_the_minority_from_the_stacks(local_cluster, tmp_path):

@@ -166,9 +166,10 @@ class Supervisor:
         self.watchdog.progress(progress.iteration, last=progress.iteration == progress.train_iters)
         if out.last_iteration is None or progress.iteration > out.last_iteration:
             now = time.time()
-            if out.times.first_iteration_at is None:
-                out.times.first_iteration_at, out.times.first_iteration = now, progress.iteration
-            out.times.last_progress_at = now
+            if not self.stopping:  # a line drained while the gang stops is no progress after the fault
+                if out.times.first_iteration_at is None:
+                    out.times.first_iteration_at, out.times.first_iteration = now, progress.iteration
+                out.times.last_progress_at = now
             out.iterations_seen += 1
             out.last_iteration = progress.iteration
             self.last_progress = progress

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from pydantic import Field
 
 from a4ray.spec.fields import PathStr, Seconds, Spec
@@ -21,11 +19,7 @@ class MpiSpec(Spec):
 
 
 class FabricTestJob(JobSpec):
-    """A test of the fabric across the gang (NCCL, DeepEP): launched through MPI, bounded in time. Its defaults are
-    an A4 run (16 ranks, the image's binaries): with no cluster to join it rehearses its local profile
-    (`jobs/<kind>_local.yaml`: what the machine has, the tools built where it lacks them)."""
-
-    rehearses_locally: ClassVar[bool] = True
+    """A test of the fabric across the gang (NCCL, DeepEP): launched through MPI, bounded in time."""
 
     timeout_s: Seconds | None = Field(1800, description="per launch: a broken fabric often hangs NCCL")
     mpi: MpiSpec = MpiSpec()
