@@ -44,7 +44,7 @@ _LOST_CHECK_S = 10.0  # after a node fails: how long its peers have to show they
 # After a rank ends while others run: when to look where the others are (seconds after the end, then again and
 # again, until they end too, the launch fails, or the exit barrier passes). The first look lets peers that were
 # finishing their own last step end too.
-_AFTER_END_S = (2.0, 5.0, 15.0, 30.0, 60.0)
+_AFTER_END_S = (3.0, 15.0, 60.0)
 # A peer's failure that is the echo of a rank that left: gloo's, NCCL's and the socket's words for it.
 _ANALYSIS_WAIT_S = 60.0  # how long the end of a launch waits for torch's analyzer to write its part of the report
 _ECHO_WAIT_S = 3.0  # a failure in a peer-gone's words: how long the rank that left has to be seen
