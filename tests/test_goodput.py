@@ -107,6 +107,23 @@ def test_a_fault_time_the_launch_did_not_record_falls_back_to_its_end_and_says_s
     assert math.isclose(sum(g.buckets.values()), 6.0)
 
 
+def test_an_iteration_line_read_after_the_verdict_counts_by_the_verdict():
+    """Rank 0's line of iteration 3, made before rank 1 died, is drained 0.4 s after the verdict: the work counts,
+    and the incident's last progress is no later than its verdict."""
+    clock = Clock()
+    watch = Stopwatch(clock=clock)
+    feed(watch, clock, 3, iteration(1))
+    feed(watch, clock, 4, iteration(2))
+    feed(watch, clock, 5.4, iteration(3))
+    attempt = watch.record(0, LaunchTimes(placing_at=0, started_at=1, fault_seen_at=4.9, verdict_at=5.0, ended_at=6),
+                           "failed", "rank 1 was killed by SIGKILL")
+    g = account([attempt], 0.0, 6.0)
+    [incident] = g.incidents
+    assert incident.last_progress_at == 5.0 <= incident.verdict_at and incident.last_iteration == 3
+    assert g.buckets["productive_time"] == pytest.approx(2.0) and g.buckets["fault_detection"] == 0
+    assert math.isclose(sum(g.buckets.values()), 6.0)
+
+
 def test_the_projection_is_metas_formula():
     """E[ETTR] = (1 - N r_f (u0 + dt/2)) / (1 + w/dt), dt* = sqrt(2 w / (N r_f)), r_f per node-second, by hand."""
     [p] = project_ettr(60.0, 10.0, 600.0, nodes=(1024,), rates=(6.50,))

@@ -166,8 +166,12 @@ class Stopwatch:
 
     def record(self, attempt: int, times: LaunchTimes, failure_kind: str | None = None,
                failure: str | None = None) -> AttemptRecord:
+        # A line drained after the verdict was made before it (a rank's last iteration, read a poll late): the work
+        # counts, by the verdict at the latest, so no progress reads as coming after the fault was decided.
+        last = times.verdict_at if times.verdict_at is not None else math.inf
         return AttemptRecord(attempt=attempt, times=times, failure_kind=failure_kind, failure=failure,
-                             iterations=self.iterations, busy=[b.model_copy() for b in self.busy])
+                             iterations=[(i, min(at, last)) for i, at in self.iterations],
+                             busy=[b.model_copy() for b in self.busy])
 
 
 class Segment(BaseModel):
