@@ -222,17 +222,18 @@ def standins(tmp_path_factory):
 
 
 # Makes node argv[2]'s ranks (of the run whose command holds argv[1]) slower from outside, as a throttled node
-# would be, to a share argv[4] of one core (0.1: 10%), from when training starts (rank 0's log under argv[3] says
-# its iterations) until its last iteration (the checkpoint saved after it is not slowed) or until terminated:
-# - where this machine's cgroup CPU controller can be written (here: a VM of our own, as root), a CPU quota
-#   of that share of one core on those ranks, together. The kernel enforces it whatever else runs;
+# would be, to a share argv[4] (0.1: 10%) of what a busy process gets of one core on this machine now (all of one
+# where the machine is idle, 2 / 15 of one at a load of 15 on 2 cores: followed every second), from when training
+# starts (rank 0's log under argv[3] says its iterations) until its last iteration (the checkpoint saved after it is
+# not slowed) or until terminated:
+# - where this machine's cgroup CPU controller can be written and joined (here: a VM of our own, as root), a CPU
+#   quota of that share on those ranks, together. The kernel enforces it whatever else runs;
 # - else SIGSTOP / SIGCONT at a duty cycle (running that share of the time) and a lower priority (nice 10).
-# The duty cycle alone was not enough on a loaded machine: a rank resumed from a stop is a sleeper the
-# scheduler favours, so it ran its slots at full speed while the other nodes' ranks shared the cores with
-# everything else, and node 2 read only 1.1-3.6x the others in CI-like runs (the rule needs 2x in 2 windows
-# in a row). The ranks are found while they start, so the slow-down begins with the first iteration. It is a
-# process of its own at a higher priority where it may be: as a thread of this busy test process its wake-ups
-# came late.
+# A share of a whole core was not enough on a loaded machine: at a load of 15 on 2 cores every rank gets ~13% of a
+# core, so a 10% quota read 1.1-2.6x the others in CI (the rule needs 3x in 2 windows in a row). Nor was the duty
+# cycle alone: a rank resumed from a stop is a sleeper the scheduler favours, so it ran its slots at full speed.
+# The ranks are found while they start, so the slow-down begins with the first iteration. It is a process of its
+# own at a higher priority where it may be: as a thread of this busy test process its wake-ups came late.
 SLOW_DOWN = """
 import contextlib, os, pathlib, re, signal, sys, time
 import psutil
@@ -251,6 +252,19 @@ def find_ranks():
                 yield proc
 
 
+def now_share():
+    # `share` of what a busy process gets of one core now: the machine's cores shared by its runnable load
+    return share * min(1.0, os.cpu_count() / max(1.0, os.getloadavg()[0]))
+
+
+def set_quota(group):
+    quota = max(1000, int(50000 * now_share()))  # microseconds of CPU per 50 ms
+    if group.parent.name == "cpu":
+        (group / "cpu.cfs_quota_us").write_text(str(quota))
+    else:
+        (group / "cpu.max").write_text(f"{quota} 50000")
+
+
 def cpu_quota_group():
     # cgroup v1's cpu controller, else v2's; None where neither can be written.
     v1, v2 = pathlib.Path("/sys/fs/cgroup/cpu"), pathlib.Path("/sys/fs/cgroup")
@@ -259,9 +273,7 @@ def cpu_quota_group():
         group.mkdir()
         if group.parent == v1:
             (group / "cpu.cfs_period_us").write_text("50000")
-            (group / "cpu.cfs_quota_us").write_text(str(int(50000 * share)))
-        else:
-            (group / "cpu.max").write_text(f"{int(50000 * share)} 50000")
+        set_quota(group)
         return group
     except OSError:
         with contextlib.suppress(OSError):
@@ -274,18 +286,43 @@ def logged(pattern, ranks="*"):
                for log in workspace.glob(f"runs/*/logs/rank-{ranks}.log"))
 
 
+def joined(group, ranks):
+    # True when every rank is in the group: a container's cgroup rules may let a group be made but not joined
+    for proc in ranks:
+        with contextlib.suppress(OSError):
+            (group / "cgroup.procs").write_text(str(proc.pid))
+    try:
+        return {str(proc.pid) for proc in ranks} <= set((group / "cgroup.procs").read_text().split())
+    except OSError:
+        return False
+
+
+def release(group):
+    with contextlib.suppress(OSError):
+        for pid in (group / "cgroup.procs").read_text().split():
+            (group.parent / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
 while not logged(r"iterations 1\\.\\.", "0000"):  # every rank is up: all of the node's are found
     time.sleep(0.02)
 ranks = list(find_ranks())
+while not ranks:  # node's ranks may be a moment behind rank 0's line under load
+    time.sleep(0.1)
+    ranks = list(find_ranks())
 group = cpu_quota_group()
+if group is not None and not joined(group, ranks):
+    release(group)
+    group = None
+print(f"slowing node {node}'s ranks {[p.pid for p in ranks]} by", "a CPU quota" if group else "SIGSTOP/SIGCONT",
+      file=sys.stderr, flush=True)
 trained = r" iteration +(\\d+)/ +\\1 \\|"  # the last one, printed by the last rank
 try:
     if group is not None:
-        for proc in ranks:
-            with contextlib.suppress(OSError):
-                (group / "cgroup.procs").write_text(str(proc.pid))
         while not logged(trained):
-            time.sleep(0.2)
+            with contextlib.suppress(OSError):
+                set_quota(group)
+            time.sleep(1)
         sys.exit(0)
     for proc in ranks:
         with contextlib.suppress(psutil.Error):
@@ -298,20 +335,18 @@ try:
                 proc.suspend()
             except psutil.Error:
                 ranks.remove(proc)
-        time.sleep(0.05 * (1 - share))
+        running = now_share()
+        time.sleep(0.05 * (1 - running))
         for proc in ranks:
             with contextlib.suppress(psutil.Error):
                 proc.resume()
-        time.sleep(0.05 * share)
+        time.sleep(0.05 * running)
 finally:
     for proc in ranks:
         with contextlib.suppress(psutil.Error):
             proc.resume()
     if group is not None:
-        with contextlib.suppress(OSError):
-            for pid in (group / "cgroup.procs").read_text().split():
-                (group.parent / "cgroup.procs").write_text(pid)
-            group.rmdir()
+        release(group)
 """
 
 
@@ -348,7 +383,8 @@ def _megatron_with_a_slow_node(tmp_path: Path, standins: dict, slow_node: int | 
 def test_a_node_made_slower_is_flagged_a_straggler_and_an_even_gang_flags_none(local_cluster, tmp_path, standins,
                                                                                capfd):
     result = _megatron_on_three_nodes(tmp_path / "slow", standins, slow_node=2)
-    out = capfd.readouterr().out
+    out, err = capfd.readouterr()
+    out += "".join(line + "\n" for line in err.splitlines() if line.startswith("slowing node"))
     flagged = result.gang.stragglers
     windows = [line for log in Path(result.gang.log_dir).glob("rank-*.log")
                for line in log.read_text().splitlines() if "A4RAY_COMPUTE" in line]
