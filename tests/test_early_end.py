@@ -4,7 +4,6 @@ never an innocent one. With nothing configured: the watchdog's defaults."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -73,15 +72,14 @@ def _run(tmp_path: Path, program: str, *sets: str):
     script.write_text(program)
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", f"command.argv=[{script}]",
                "command.torchrun=true", *sets, workspace=tmp_path)
-    started = time.monotonic()
     with pytest.raises(GangFailed) as e:
         with Gang(spec, log_dir=str(tmp_path / "logs"), run_dir=str(tmp_path / tmp_path.name)) as gang:
             gang.run(Command(spec).launch)
-    return e.value.result, time.monotonic() - started
+    return e.value.result
 
 
 def test_a_rank_that_leaves_cleanly_is_the_cause_and_its_peers_failures_are_its_echo(local_cluster, tmp_path):
-    result, _ = _run(tmp_path, UNEVEN.format(leaver=3, hold=False))
+    result = _run(tmp_path, UNEVEN.format(leaver=3, hold=False))
     verdict = result.hang_verdict
     assert result.failure_kind == "failed" and verdict is not None and verdict.kind == "ended", result.failure
     assert [c.rank for c in verdict.culprits] == [3], result.failure
@@ -92,27 +90,29 @@ def test_a_rank_that_leaves_cleanly_is_the_cause_and_its_peers_failures_are_its_
 
 
 def test_a_rank_that_leaves_while_its_peers_block_is_judged_within_seconds(local_cluster, tmp_path):
-    result, took = _run(tmp_path, UNEVEN.format(leaver=3, hold=True))
+    result = _run(tmp_path, UNEVEN.format(leaver=3, hold=True))
     verdict = result.hang_verdict
     assert result.failure_kind == "hang" and verdict.kind == "ended", result.failure
     assert [c.rank for c in verdict.culprits] == [3] and verdict.waiting == [0, 1, 2]
     assert result.failure.startswith("rank 3 (node 1 (sim-host-"), result.failure
     assert "ended with exit 0 after all_reduce #3 of group default; ranks 0-2 wait in all_reduce" in result.failure
-    times = result.times
-    assert times.verdict_at - times.fault_seen_at < 30, times  # the event, not a watchdog window (no_output_s 120)
+    # judged on the event (the look after rank 3's end), not at a watchdog window (no_output_s 120)
+    why = (Path(result.hang_report) / "summary.txt").read_text().splitlines()[0]
+    assert why == "rank(s) 3 ended (exit 0) while the launch's other ranks run", why
     assert (Path(result.hang_report) / "verdict.json").is_file()
     # torch's own analyzer ran over the same records after the verdict: its words are in the report, not the stream
     assert "torch's analyzer" in (Path(result.hang_report) / "analyzer.txt").read_text()
 
 
 def test_a_desync_names_the_minority_from_the_stacks(local_cluster, tmp_path):
-    result, _ = _run(tmp_path, DESYNC)
+    result = _run(tmp_path, DESYNC)
     verdict = result.hang_verdict
     assert verdict is not None and verdict.kind == "desync", result.failure
     assert [c.rank for c in verdict.culprits] == [2]
     assert result.failure.startswith("desync: rank 2 called all_gather_into_tensor while ranks 0-1, 3 called "
                                      "all_reduce"), result.failure
-    assert result.times.verdict_at - result.times.last_progress_at < 60
+    why = (Path(result.hang_report) / "summary.txt").read_text().splitlines()[0]
+    assert "no_output_s" not in why and "no_progress_s" not in why, why  # a look settled it, not a window's end
 
 
 def test_ranks_that_end_while_rank_0_saves_its_last_checkpoint_are_no_failure(local_cluster, tmp_path):
