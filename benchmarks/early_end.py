@@ -18,19 +18,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import re
 import sys
 import tempfile
 from pathlib import Path
 
-import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from a4ray.api import load, run  # noqa: E402
-from a4ray.runtime.connect import NAMESPACE  # noqa: E402
-from a4ray.runtime.simulated import SimulatedCluster  # noqa: E402
+from embedded import embedded_cluster  # noqa: E402
 
 PROGRAM = """
 import os, sys, time
@@ -85,13 +82,8 @@ def main() -> int:
     p.add_argument("--gpus-per-node", type=int, default=1)
     p.add_argument("--cases", default="uneven:1,uneven:0,desync:0,hang:1")
     args = p.parse_args()
-    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="r", dir="/tmp"))
-    os.environ.pop("RAY_ADDRESS", None)
-    cluster = SimulatedCluster(2, args.gpus_per_node)
-    cluster.start()
-    ray.init(address=cluster.address, namespace=NAMESPACE)
     results = []
-    try:
+    with embedded_cluster(2, args.gpus_per_node):
         for spec in args.cases.split(","):
             mode, odd = spec.split(":")
             with tempfile.TemporaryDirectory() as d:
@@ -100,9 +92,6 @@ def main() -> int:
             took = f"{r['seconds']:.1f}s" if r["seconds"] is not None else "?"
             print(f"{mode} (rank {odd}): {'INNOCENT NAMED ' if r['innocent'] else ''}verdict {took} after the event; "
                   f"{r['failure']}/{r['kind']}; {r['line'][:400]}", flush=True)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
     wrong = [r for r in results if r["innocent"]]
     print(f"{len(results)} cases: {sum(r['named'] == [r['odd']] for r in results)} named only the odd rank, "
           f"{sum(not r['named'] for r in results)} named no one, {len(wrong)} named an innocent rank; "

@@ -17,18 +17,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import sys
 import tempfile
 from pathlib import Path
 
-import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from a4ray.api import load, run  # noqa: E402
-from a4ray.runtime.connect import NAMESPACE  # noqa: E402
-from a4ray.runtime.simulated import SimulatedCluster  # noqa: E402
+from embedded import embedded_cluster  # noqa: E402
 
 PROGRAM = """
 import os, signal, sys, time
@@ -91,13 +88,8 @@ def main() -> int:
     args = p.parse_args()
     world = 2 * args.gpus_per_node
     culprits = [int(c) for c in args.culprits.split(",")] if args.culprits else list(range(world - 1, -1, -1))
-    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="r", dir="/tmp"))
-    os.environ.pop("RAY_ADDRESS", None)
-    cluster = SimulatedCluster(2, args.gpus_per_node)
-    cluster.start()
-    ray.init(address=cluster.address, namespace=NAMESPACE)
     results = []
-    try:
+    with embedded_cluster(2, args.gpus_per_node):
         for culprit, how in [(c, "skips") for c in culprits] + [(world - 1, "frozen")]:
             with tempfile.TemporaryDirectory() as d:
                 r = case(Path(d), args.gpus_per_node, args.window_s, culprit, how)
@@ -107,9 +99,6 @@ def main() -> int:
                   flush=True)
             if results[0] is r:
                 print("  " + "\n  ".join(r["node lines"]), flush=True)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
     wrong = [r for r in results if r["innocent named"]]
     print(f"{len(results)} cases: {sum(r['named'] == [r['culprit']] for r in results)} named only the culprit, "
           f"{sum(not r['named'] for r in results)} named no one, {len(wrong)} named an innocent rank")

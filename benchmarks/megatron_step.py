@@ -29,10 +29,8 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,11 +38,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import ray  # noqa: E402
 
 from a4ray.api import load, run  # noqa: E402
-from a4ray.runtime.connect import NAMESPACE  # noqa: E402
-from a4ray.runtime.simulated import SimulatedCluster  # noqa: E402
+from embedded import embedded_cluster  # noqa: E402
 from a4ray.runtime.simulated import physical_gpu_ids  # noqa: E402
 from bare import torchrun_as_nodes  # noqa: E402
 from a4ray.trainers import trainer_for  # noqa: E402
@@ -141,12 +137,7 @@ def main() -> int:
     shape = f"{args.nodes} node(s) x {args.gpus_per_node} {'GPU(s)' if gpus else 'CPU rank(s) (gloo)'}"
     print(f"Megatron trainer ({args.size} Qwen3-{args.family.replace('moe', 'MoE').replace('next', 'Next')}, ep {args.ep}, seq {args.seq}, micro batch {args.micro}), "
           f"{shape}, {args.iters} iterations a run, {args.rounds} rounds; work dir {args.dir}", flush=True)
-    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="r", dir="/tmp"))  # short: socket paths
-    os.environ.pop("RAY_ADDRESS", None)
-    cluster = SimulatedCluster(args.nodes, args.gpus_per_node)
-    cluster.start()
-    ray.init(address=cluster.address, namespace=NAMESPACE)
-    try:
+    with embedded_cluster(args.nodes, args.gpus_per_node):
         # Setup: staged and converted once (the conversion's verification is not what this measures).
         pipeline(args, ws, "pipeline.skip=[preflight]", "train.iterations=2", "train.warmup_iterations=1",
                  "train.output=logs/bench-setup", "convert.verify.enabled=false")
@@ -160,9 +151,6 @@ def main() -> int:
             print(f"  round {i + 1}: gang {gang_ms:.2f} ms/step, torchrun {torchrun_ms:.2f} ms/step "
                   f"({ratios[-1]:.3f})", flush=True)
             (Path(args.dir) / "results.json").write_text(json.dumps({"runs": runs}, indent=1))  # kept if cut short
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
     step = {k: statistics.median(r["step_time_ms"] for r in v) for k, v in runs.items()}
     tokens = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in runs.items()}
     for name in ("gang", "torchrun"):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import signal
 import sys
 import tempfile
@@ -22,13 +21,11 @@ import time
 from pathlib import Path
 
 import psutil
-import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from a4ray.api import load, run  # noqa: E402
-from a4ray.runtime.connect import NAMESPACE  # noqa: E402
-from a4ray.runtime.simulated import SimulatedCluster  # noqa: E402
+from embedded import embedded_cluster  # noqa: E402
 from a4ray.staging.standins import make_all  # noqa: E402
 
 
@@ -89,14 +86,9 @@ def main() -> int:
     p.add_argument("--share", type=float, default=0.3)
     p.add_argument("--model", default="qwen3-moe-tiny", choices=("qwen3-moe-tiny", "qwen3-next-tiny"))
     args = p.parse_args()
-    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="r", dir="/tmp"))
-    os.environ.pop("RAY_ADDRESS", None)
     work = Path(tempfile.mkdtemp(prefix="a4ray-straggler-"))
     standins = make_all(work / "standins")
-    cluster = SimulatedCluster(2, args.gpus_per_node)
-    cluster.start()
-    ray.init(address=cluster.address, namespace=NAMESPACE)
-    try:
+    with embedded_cluster(2, args.gpus_per_node):
         verdicts = {}
         for slow in (True, False):
             flagged, windows = train(work, standins, args, slow)
@@ -104,10 +96,7 @@ def main() -> int:
             verdicts[name] = flagged
             print(f"{name}: {len(flagged)} flagged" + "".join(f"\n  {line}" for line in flagged), flush=True)
             print("  windows (the last rank's):\n    " + "\n    ".join(windows[-3:]), flush=True)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-    slow_ok = any(f"node 1 " in line for line in next(iter(verdicts.values())))
+    slow_ok = any("node 1 " in line for line in next(iter(verdicts.values())))
     even_ok = not list(verdicts.values())[1]
     print(f"slowed node flagged: {slow_ok}; even run flags none: {even_ok}")
     return 0 if slow_ok and even_ok else 1
