@@ -14,9 +14,8 @@ from conftest import REPO, job
 
 import a4ray
 from a4ray.driver.execute import run
-from a4ray.observe.goodput import BUCKETS, Stopwatch, account, find, project_ettr
+from a4ray.observe.goodput import BUCKETS, LaunchTimes, Stopwatch, account, find, project_ettr
 from a4ray.observe.progress import parse_progress
-from a4ray.runtime.launch import LaunchTimes
 
 matplotlib.use("Agg")
 PROGRAM = str(REPO / "tests" / "programs" / "goodput_train.py")

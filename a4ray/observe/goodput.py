@@ -46,7 +46,21 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from a4ray.core.results import axes, dataframe
-from a4ray.runtime.launch import LaunchTimes
+
+
+class LaunchTimes(BaseModel):
+    """When things happened in one launch, wall clock (`time.time()`): what goodput accounting and incident
+    records are built from. None: it did not happen (no iteration came, nothing failed)."""
+
+    placing_at: float | None = None  # the gang asked Ray for its placement group
+    started_at: float | None = None  # the nodes' commands were started
+    first_iteration_at: float | None = None  # the first new iteration line
+    first_iteration: int | None = None  # its number (after a resume: the checkpoint's next iteration)
+    last_progress_at: float | None = None  # the latest new iteration line
+    fault_seen_at: float | None = None  # a4ray first saw what ended the launch (a rank's end, a failure, a suspicion)
+    verdict_at: float | None = None  # a4ray decided the launch has failed (and began stopping it)
+    ended_at: float | None = None  # every node stopped
+
 
 # bucket -> (its short label in the goodput line, its name in Google's ml-goodput-measurement)
 BUCKETS: dict[str, tuple[str, str]] = {

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from a4ray.observe.goodput import LaunchTimes
 from a4ray.observe.verdicts import HangVerdict, Straggler
 
 
@@ -78,20 +79,6 @@ class NodeResult(BaseModel):
 
 
 FailureKind = Literal["failed", "lost", "hang", "timeout", "cancelled"]
-
-
-class LaunchTimes(BaseModel):
-    """When things happened in one launch, wall clock (`time.time()`): what goodput accounting and incident
-    records are built from. None: it did not happen (no iteration came, nothing failed)."""
-
-    placing_at: float | None = None  # the gang asked Ray for its placement group
-    started_at: float | None = None  # the nodes' commands were started
-    first_iteration_at: float | None = None  # the first new iteration line
-    first_iteration: int | None = None  # its number (after a resume: the checkpoint's next iteration)
-    last_progress_at: float | None = None  # the latest new iteration line
-    fault_seen_at: float | None = None  # a4ray first saw what ended the launch (a rank's end, a failure, a suspicion)
-    verdict_at: float | None = None  # a4ray decided the launch has failed (and began stopping it)
-    ended_at: float | None = None  # every node stopped
 
 
 class GangResult(BaseModel):

@@ -24,12 +24,13 @@ import ray
 
 from a4ray.core.console import say
 from a4ray.observe import flight, hang, metrics, stream
+from a4ray.observe.goodput import LaunchTimes
 from a4ray.observe.progress import Progress, progress_summary
 from a4ray.observe.stacks import ranges
 from a4ray.observe.straggler import StragglerCheck
 from a4ray.observe.verdicts import Culprit, EndedRank, HangVerdict, NodeRef, Straggler
 from a4ray.runtime.deaths import ACTOR_GONE, why_died
-from a4ray.runtime.launch import Launch, LaunchTimes
+from a4ray.runtime.launch import Launch
 from a4ray.runtime.node_actor import Line, Poll
 from a4ray.runtime.ranks import FAILURE_HEADER, ended_rank
 from a4ray.spec.resilience import ObserveSpec

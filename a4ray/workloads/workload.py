@@ -19,10 +19,10 @@ from a4ray.core.redact import Redactor, secret_values
 from a4ray.core.results import Result
 from a4ray.core.rundir import RunDir
 from a4ray.observe import metrics
-from a4ray.observe.goodput import AttemptRecord, Goodput, Stopwatch, account
+from a4ray.observe.goodput import AttemptRecord, Goodput, LaunchTimes, Stopwatch, account
 from a4ray.runtime.connect import Connection
 from a4ray.runtime.gang import Gang
-from a4ray.runtime.launch import GangResult, Launch, LaunchTimes, NodeContext, Peer
+from a4ray.runtime.launch import GangResult, Launch, NodeContext, Peer
 from a4ray.runtime.netenv import describe_env_plan
 from a4ray.runtime.restart import blamed_nodes, keep_off, should_retry
 from a4ray.spec.job import JobSpec
