@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 
 def generate(path: Path, args: argparse.Namespace) -> Path:
-    from a4ray.hf2mcore.tiny import write_tiny
+    from a4ray.staging.tiny import write_tiny
 
     marker = path / ".complete"
     if marker.is_file() and marker.read_text() == repr(vars(args)):

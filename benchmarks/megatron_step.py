@@ -124,7 +124,7 @@ def main() -> int:
     ws = Path(args.dir) / "ws"
     args.model = None
     if args.size == "small":  # a bigger model of the stand-in's family and tokenizer
-        from a4ray.hf2mcore.tiny import write_tiny, write_tiny_next
+        from a4ray.staging.tiny import write_tiny, write_tiny_next
         from a4ray.staging.standins import make_all
 
         standin = make_all(Path(args.dir) / ".a4ray" / "standins")[FAMILIES[args.family][2]]

@@ -42,7 +42,7 @@ from a4ray.hf2mcore.mapping import (
     to_mcore,
 )
 from a4ray.hf2mcore.native import check_disk, check_memory
-from a4ray.hf2mcore.tiny import QWEN3_NEXT_TINY, write_tiny, write_tiny_next
+from a4ray.staging.tiny import QWEN3_NEXT_TINY, write_tiny, write_tiny_next
 from a4ray.mcore.architecture import Architecture
 from a4ray.mcore.names import EXPERT_ROLES, LAYERS
 from tests.conftest import PYTHON, REPO, isolated_env, job

@@ -24,7 +24,7 @@ DEFERRED = {
         "a4ray.k8s.client": "the kubernetes client takes ~1 s to import; `a4ray render` never needs it",
     },
     "a4ray.staging.standins": {
-        "a4ray.hf2mcore.tiny": "transformers takes seconds to import; only making the stand-ins needs it",
+        "a4ray.staging.tiny": "transformers takes seconds to import; only making the stand-ins needs it",
     },
     "a4ray.driver.kinds": {
         "a4ray.hf2mcore.converter": "it imports torch (2-3 s of CPU); only a convert job or a pipeline needs it",

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from a4ray.hf2mcore.cache import OutputDir
-from a4ray.hf2mcore.tiny import write_tiny
+from a4ray.staging.tiny import write_tiny
 from tests.conftest import PYTHON, REPO, free_port, isolated_env
 from tests.upstream import SWIFT_4_5_2_MEGATRON_RLHF_FIELDS
 

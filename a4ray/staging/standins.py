@@ -78,7 +78,7 @@ def _save_checkpoint(model, out: Path, tokenizer_dir: Path) -> None:
 def make_qwen3_moe(out: Path, tokenizer_dir: Path) -> None:
     import torch
 
-    from a4ray.hf2mcore.tiny import write_tiny
+    from a4ray.staging.tiny import write_tiny
 
     write_tiny(out, moe=True, layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, experts=8, topk=2,
                moe_ffn=32, vocab=VOCAB, dtype=torch.bfloat16, shard_size="256KB", seed=SEED,
@@ -91,7 +91,7 @@ def make_qwen3_next(out: Path, tokenizer_dir: Path) -> None:
     import torch
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
-    from a4ray.hf2mcore.tiny import QWEN3_NEXT_TINY
+    from a4ray.staging.tiny import QWEN3_NEXT_TINY
 
     torch.manual_seed(SEED)
     config = Qwen3NextConfig(**{**QWEN3_NEXT_TINY, "vocab_size": VOCAB}, eos_token_id=0, pad_token_id=0,
