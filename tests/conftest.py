@@ -54,19 +54,18 @@ LONGEST_FIRST = ["test_culprits", "test_pipeline", "test_notebooks", "test_local
 WATCHDOG_DEFAULTS_ENV = "A4RAY_TEST_WATCHDOG_DEFAULTS"  # where tests/watchdog_defaults.py's background runs are
 
 
-def pytest_configure(config):
-    """Start the watchdog-defaults runs (minutes each, idle while they wait) as the suite starts, once, when the
-    suite or their module is what runs. Under xdist the controller loads no test conftest: the first worker to
-    make the run's directory (named by xdist's test-run id, which every worker shares) starts them."""
-    if WATCHDOG_DEFAULTS_ENV in os.environ:
+def pytest_collection_finish(session):
+    """Start the watchdog-defaults runs (minutes each, idle while they wait) as the suite starts, once, where their
+    tests are among those selected (not for --collect-only, nor where -k or a path leaves them out). Under xdist the
+    controller loads no test conftest: the first worker to make the run's directory (named by xdist's test-run id,
+    which every worker shares) starts them."""
+    if WATCHDOG_DEFAULTS_ENV in os.environ or session.config.option.collectonly:
         return
-    tests = Path(__file__).resolve().parent
-    wanted = [Path(a.split("::")[0]).resolve() for a in config.args] or [tests]
-    if not any(p == tests or p.name == "test_watchdog_defaults.py" for p in wanted):
+    if not any(item.path.name == "test_watchdog_defaults.py" for item in session.items):
         return
     from watchdog_defaults import start  # noqa: PLC0415 - tests/ is on sys.path only once pytest has configured
 
-    run_id = getattr(config, "workerinput", {}).get("testrunuid") or str(os.getpid())
+    run_id = getattr(session.config, "workerinput", {}).get("testrunuid") or str(os.getpid())
     root = Path(tempfile.gettempdir()) / f"a4ray-watchdog-defaults-{run_id}"
     os.environ[WATCHDOG_DEFAULTS_ENV] = str(root)
     try:

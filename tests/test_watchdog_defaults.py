@@ -22,7 +22,7 @@ def runs(tmp_path_factory) -> Path:
     root = os.environ.get(WATCHDOG_DEFAULTS_ENV)
     if root:
         return Path(root)
-    root = tmp_path_factory.mktemp("watchdog-defaults")  # run alone (pytest -k): start them now
+    root = tmp_path_factory.mktemp("watchdog-defaults")  # the conftest did not start them: start them now
     start(root, isolated_env(root))
     return root
 
