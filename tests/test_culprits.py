@@ -221,19 +221,21 @@ def standins(tmp_path_factory):
     return make_all(tmp_path_factory.mktemp("standins"))
 
 
-# Makes node argv[2]'s ranks (of the run whose command holds argv[1]) slower from outside, as a throttled node
-# would be, to a share argv[4] (0.1: 10%) of what a busy process gets of one core on this machine now (all of one
-# where the machine is idle, 2 / 15 of one at a load of 15 on 2 cores: followed every second), from when training
-# starts (rank 0's log under argv[3] says its iterations) until its last iteration (the checkpoint saved after it is
-# not slowed) or until terminated:
+# Makes node argv[2]'s ranks (of the run whose command holds argv[1]) slower from outside, as a throttled node would
+# be: each rank gets a share argv[4] (0.17: ~6x slower) of what a busy process gets of one core on this machine now
+# (all of one where the machine is idle, 2 / 15 of one at a load of 15 on 2 cores: followed every second), from when
+# training starts (rank 0's log under argv[3] says its iterations) until its last iteration (the checkpoint saved
+# after it is not slowed) or until terminated:
 # - where this machine's cgroup CPU controller can be written and joined (here: a VM of our own, as root), a CPU
-#   quota of that share on those ranks, together. The kernel enforces it whatever else runs;
+#   quota of that share for each of those ranks, on them together. The kernel enforces it whatever else runs;
 # - else SIGSTOP / SIGCONT at a duty cycle (running that share of the time) and a lower priority (nice 10).
 # A share of a whole core was not enough on a loaded machine: at a load of 15 on 2 cores every rank gets ~13% of a
-# core, so a 10% quota read 1.1-2.6x the others in CI (the rule needs 3x in 2 windows in a row). Nor was the duty
-# cycle alone: a rank resumed from a stop is a sleeper the scheduler favours, so it ran its slots at full speed.
-# The ranks are found while they start, so the slow-down begins with the first iteration. It is a process of its
-# own at a higher priority where it may be: as a thread of this busy test process its wake-ups came late.
+# core, so a 10% quota read 1.1-2.6x the others in CI (the rule needs 3x in 2 windows in a row). A tenth of a busy
+# process's share made both straggler tests 2-3x longer in CI (370-435 s): the share is as slow as the rules need.
+# Nor was the duty cycle alone enough: a rank resumed from a stop is a sleeper the scheduler favours, so it ran its
+# slots at full speed. The ranks are found while they start, so the slow-down begins with the first iteration. It
+# is a process of its own at a higher priority where it may be: as a thread of this busy test process its wake-ups
+# came late.
 SLOW_DOWN = """
 import contextlib, os, pathlib, re, signal, sys, time
 import psutil
@@ -258,7 +260,7 @@ def now_share():
 
 
 def set_quota(group):
-    quota = max(1000, int(50000 * now_share()))  # microseconds of CPU per 50 ms
+    quota = max(1000, int(50000 * now_share() * max(1, len(ranks))))  # microseconds of CPU per 50 ms, all ranks
     if group.parent.name == "cpu":
         (group / "cpu.cfs_quota_us").write_text(str(quota))
     else:
@@ -353,7 +355,7 @@ finally:
 def _megatron_on_three_nodes(tmp_path: Path, standins: dict, slow_node: int | None):
     # Flagged at 3x the gang's median: the throttled node reads 5-15x in every window, quiet or loaded; an even
     # gang's noisiest window on a loaded machine read 2.4x (and never two such windows in a row).
-    return _megatron_with_a_slow_node(tmp_path, standins, slow_node, 0.1, nodes=3, ranks_per_node=1, threshold=2.0,
+    return _megatron_with_a_slow_node(tmp_path, standins, slow_node, 0.17, nodes=3, ranks_per_node=1, threshold=2.0,
                                       model="qwen3-moe-tiny", argv=["--global-batch-size", "12", "--train-iters", "16"])
 
 
@@ -534,11 +536,11 @@ def test_a_straggler_under_expert_parallelism_across_nodes_is_flagged_and_an_eve
     ranks waited in the dispatch for node 1's and read as slow: nothing was flagged. Their time in the collectives
     is taken off: node 1 is flagged, with how much slower; the same run with no node slowed flags none."""
     # With 2 nodes the gang's median is their mean: a node k times slower than the other reads 2k/(k+1) of it
-    # (under 2x). Node 1 gets 15% of a core for its 2 ranks, ~6x slower (the old clock read both nodes alike);
-    # flagged from 50% over the median (3x the other node).
+    # (under 2x). Node 1's ranks are ~6x slower (the old clock read both nodes alike); flagged from 50% over the
+    # median (3x the other node).
     shape = dict(nodes=2, ranks_per_node=2, threshold=0.5, model="qwen3-next-tiny",
                  argv=["--ep", "4", "--global-batch-size", "4", "--train-iters", "12"])
-    result = _megatron_with_a_slow_node(tmp_path / "slow", standins, 1, 0.15, **shape)
+    result = _megatron_with_a_slow_node(tmp_path / "slow", standins, 1, 0.17, **shape)
     out = capfd.readouterr().out
     windows = _windows(result)
     assert "ep 4 dp 4" in out and len(windows) == 3, out[-3000:]
@@ -551,5 +553,5 @@ def test_a_straggler_under_expert_parallelism_across_nodes_is_flagged_and_an_eve
     last = windows[-1]
     assert min(last["waits"][:2]) > max(last["waits"][2:]) and max(last["seconds"][:2]) < min(last["seconds"][2:])
 
-    even = _megatron_with_a_slow_node(tmp_path / "even", standins, None, 0.15, **shape)
+    even = _megatron_with_a_slow_node(tmp_path / "even", standins, None, 0.17, **shape)
     assert even.gang.stragglers == [] and "straggler:" not in capfd.readouterr().out, _windows(even)
