@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from types import SimpleNamespace
 
 import matplotlib
@@ -154,15 +155,18 @@ def test_the_time_line_draws_one_bar_per_attempt():
     matplotlib.pyplot.close("all")
 
 
-def test_a_real_run_whose_rank_is_killed_accounts_for_its_time(local_cluster, tmp_path):
+def test_a_real_run_whose_rank_is_killed_accounts_for_its_time(local_cluster, tmp_path, capfd):
     """2 nodes x 1 rank; rank 1 SIGKILLs itself after iteration 5 of attempt 0 (checkpoint 4): the gang is restarted,
-    resumes after 4 and finishes; result.json's goodput adds up to the wall time and counts iteration 5 twice."""
+    resumes after 4 and finishes; result.json's goodput adds up to the wall time and counts iteration 5 twice. No
+    node is to blame for a killed rank: the restart relaunches on the same gang, placed once."""
     state = tmp_path / "state.json"
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "command.torchrun=true",
                "restart.max_restarts=1", "restart.backoff_s=0", "cluster.stop_grace_s=2",
                f"command.argv=[{PROGRAM}, {state}, '8', '0.2', '2', '0.1', '5', '1']", workspace=tmp_path)
     result = run(spec)
     assert result.ok and result.gang.attempt == 1, result.verdict
+    out = capfd.readouterr().out
+    assert "attempt 1/1: relaunching on the same gang" in out and len(re.findall(r"gang \S+: .* placed in", out)) == 1
     g = result.goodput
     assert math.isclose(sum(g.buckets.values()), g.wall_s, rel_tol=0.01)
     [incident] = g.incidents

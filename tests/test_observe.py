@@ -174,7 +174,7 @@ def test_a_lost_node_is_survived_by_a_restart_from_checkpoint(extra_nodes, tmp_p
     out = capfd.readouterr().out
     assert result.ok, result.verdict
     assert result.gang.attempt == 1 and result.gang.last_iteration == 12
-    assert "was lost" in out and "restarting in 1s: node" in out and "attempt 1/2: relaunching" in out
+    assert "was lost" in out and "restarting in 1s: node" in out and "attempt 1/2: relaunching on a new gang" in out
     assert re.search(r"resuming from step [4-6] \(attempt 1\)", out), "resumed from the last checkpoint"
 
     # The spare is used up: with max_restarts 0 a second loss ends the job, saying why.

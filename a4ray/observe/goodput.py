@@ -15,7 +15,8 @@ streamed lines (when each new iteration line came; when a checkpoint save or an 
                                      before them), at their measured time
   fault_detection                    the last iteration line before a fault -> a4ray's verdict (the launch failed)
   recovery                           the verdict -> the next attempt's first iteration line (stopping the gang,
-                                     the backoff, the new gang's placement and startup, the checkpoint load)
+                                     the backoff, a new gang's placement where the old one could not serve, the
+                                     startup, the checkpoint load)
   other                              the rest: before the first gang, the last line -> the end of a finished
                                      launch (the final save is a save), after a last failed launch's verdict
 
@@ -24,7 +25,7 @@ goodput = productive_time / wall. The names are Google's ml-goodput-measurement 
 before the fault -> the new job's start) is fault_detection plus the first part of recovery here.
 
 Each failure that ended an attempt is an `Incident`: its kind, the last progress before it, when it was seen, the
-verdict, the gang stopped, the new gang started, its first iteration, and when the run was back at the iteration
+verdict, the gang stopped, the next attempt started, its first iteration, and when the run was back at the iteration
 it had reached (caught up).
 
 `project_ettr` is Meta's model (Kokolis et al., "Revisiting Reliability in Large-Scale Machine Learning Research
@@ -212,7 +213,7 @@ class Incident(BaseModel):
     seen_at: float | None = None  # a4ray first saw it
     verdict_at: float | None = None  # a4ray decided the launch failed
     stopped_at: float | None = None  # every node of the gang stopped
-    placed_at: float | None = None  # the new gang's commands started (its placement done)
+    placed_at: float | None = None  # the next attempt's commands started (on the same gang or a placed new one)
     first_iteration_at: float | None = None  # the new gang's first iteration line
     first_iteration: int | None = None
     resumed_from: int | None = None  # the iteration the new gang resumed after (its checkpoint)

@@ -1,6 +1,6 @@
 """What the nodes of a gang run. A workload = a command builder (per node) + an output parser + a typed
-result; `Workload.run` is the attempt loop: the workload on a fresh gang, again after a failure as the
-restart policy allows."""
+result; `Workload.run` is the attempt loop: the workload on a gang, again after a failure as the restart
+policy allows (on the same gang where none of its nodes is lost or to be kept off)."""
 
 from __future__ import annotations
 
@@ -120,47 +120,60 @@ class Workload(ABC, Generic[S]):
         ]
 
     def run(self, conn: Connection, run_dir: RunDir, *, log_dir: Path | None = None) -> WorkloadResult:
-        """The whole job on the connected cluster: `execute` on a fresh gang, and again on a fresh gang (a lost
-        node replaced by a free one) while `spec.restart` allows; each attempt gets `spec.timeout_s`. Logs go
-        to `log_dir` (default: the run directory's `logs/`). A job that is not a gang launch (conversion: a
-        cache check, Ray tasks) overrides this."""
-        spec, attempt = self.spec, 0
+        """The whole job on the connected cluster: `execute` on a gang, and again after a failure while
+        `spec.restart` allows; each attempt gets `spec.timeout_s`. A restart relaunches on the same gang (its
+        placement and node actors, already there) unless a node of it was lost or is to be kept off (blamed, a
+        straggler): then on a fresh gang, off those nodes where the cluster has others. Logs go to `log_dir`
+        (default: the run directory's `logs/`). A job that is not a gang launch (conversion: a cache check, Ray
+        tasks) overrides this."""
+        spec, attempt, gang = self.spec, 0, None
         history = NodeHistory(run_dir.workspace)
         avoid: dict[str, str] = {}  # host -> why: the nodes the failed attempts are attributed to, and stragglers
         started_at, attempts = time.time(), []  # the goodput accounting's: the run's start, each attempt's record
-        while True:
-            metrics.record_attempt(spec.name, run_dir.id, attempt)
-            if attempt:
-                note = self.resume_note()
-                say(f"attempt {attempt}/{spec.restart.max_restarts}: relaunching on a new gang"
-                    + (f"; {note}" if note else ""))
-            with Gang(spec, log_dir=str(log_dir or run_dir.logs), run_dir=str(run_dir.root), attempt=attempt,
-                      avoid=avoid) as gang:
+        try:
+            while True:
+                metrics.record_attempt(spec.name, run_dir.id, attempt)
+                if gang is None:
+                    gang = Gang(spec, log_dir=str(log_dir or run_dir.logs), run_dir=str(run_dir.root),
+                                attempt=attempt, avoid=avoid)
+                else:
+                    gang.attempt = attempt
+                if attempt:
+                    note = self.resume_note()
+                    say(f"attempt {attempt}/{spec.restart.max_restarts}: relaunching on "
+                        f"{'the same gang' if gang.actors else 'a new gang'}" + (f"; {note}" if note else ""))
                 live = _live_goodput(spec.name, run_dir.id, gang, attempt, attempts, started_at)
                 with gang.observing(Stopwatch(on_progress=live)) as stopwatch:
                     result = self.execute(gang)
-            if result.gang is None:
-                return result
-            attempts.append(stopwatch.record(attempt, result.gang.times, result.gang.failure_kind,
-                                             result.gang.failure))
-            blamed = blamed_nodes(result.gang)
-            for host, (event, why) in blamed.items():
-                history.add(host, event, run=run_dir.id, detail=why)
-            for straggler in result.gang.stragglers:
-                history.add(straggler.node.host, "straggler", run=run_dir.id, detail=straggler.line())
-            retry, why = should_retry(result.gang, spec.restart, attempt)
-            if not retry:
-                if spec.restart.max_restarts or attempt:
-                    say(f"not restarting: {why}")
-                result.goodput = account(attempts, started_at, time.time())
-                metrics.record_goodput(spec.name, run_dir.id, result.goodput.goodput, result.goodput.buckets)
-                if result.goodput.iterations is not None:  # a training run: where its time went, in one line
-                    say(result.goodput.line())
-                return result
-            avoid.update(keep_off(result.gang, blamed))
-            attempt += 1
-            say(f"restarting in {spec.restart.backoff_s:g}s: {why}")
-            time.sleep(spec.restart.backoff_s)
+                if result.gang is None:
+                    return result
+                attempts.append(stopwatch.record(attempt, result.gang.times, result.gang.failure_kind,
+                                                 result.gang.failure))
+                blamed = blamed_nodes(result.gang)
+                for host, (event, why) in blamed.items():
+                    history.add(host, event, run=run_dir.id, detail=why)
+                for straggler in result.gang.stragglers:
+                    history.add(straggler.node.host, "straggler", run=run_dir.id, detail=straggler.line())
+                retry, why = should_retry(result.gang, spec.restart, attempt)
+                if not retry:
+                    if spec.restart.max_restarts or attempt:
+                        say(f"not restarting: {why}")
+                    result.goodput = account(attempts, started_at, time.time())
+                    metrics.record_goodput(spec.name, run_dir.id, result.goodput.goodput, result.goodput.buckets)
+                    if result.goodput.iterations is not None:  # a training run: where its time went, in one line
+                        say(result.goodput.line())
+                    return result
+                leave = keep_off(result.gang, blamed)
+                avoid.update(leave)
+                if not _same_gang_serves(result.gang, leave):
+                    gang.close()
+                    gang = None
+                attempt += 1
+                say(f"restarting in {spec.restart.backoff_s:g}s: {why}")
+                time.sleep(spec.restart.backoff_s)
+        finally:
+            if gang is not None:
+                gang.close()
 
     def plan(self, workspace: str | None = None) -> Plan:
         """What a launch would do, from the spec alone (nothing runs, no cluster): every node's command and env."""
@@ -195,6 +208,13 @@ def _live_goodput(job: str, run: str, gang: Gang, attempt: int, attempts: list[A
     failed: list[Exception] = []
 
     return update
+
+
+def _same_gang_serves(failed: GangResult, leave: dict[str, str]) -> bool:
+    """Whether the next attempt can run on the gang that just failed: none of its nodes was lost, and none is to be
+    kept off. A new gang costs a placement and a node actor per node (seconds on a busy cluster); the old one's
+    processes were all stopped with the failed launch."""
+    return all(n.status != "lost" and n.host not in leave for n in failed.nodes)
 
 
 def run_launch(gang: Gang, build, **kwargs) -> GangResult:
