@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -289,3 +291,24 @@ def shared_local_up(tmp_path_factory):
         yield up
 
 
+def scrape(pattern: str) -> list[str]:
+    """Lines matching `pattern` on every alive node's Prometheus metrics endpoint."""
+    lines = []
+    for node in ray.nodes():
+        if not node["Alive"] or not node.get("MetricsExportPort"):
+            continue
+        url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+        try:
+            text = urllib.request.urlopen(url, timeout=5).read().decode()
+        except OSError:
+            continue
+        lines += [line for line in text.splitlines() if re.search(pattern, line)]
+    return lines
+
+
+def scrape_until(pattern: str, done, timeout_s: float = 60) -> list[str]:
+    """`scrape(pattern)` until `done(lines)` or `timeout_s`: a driver reports its metrics every few seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not done(lines := scrape(pattern)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return lines

@@ -17,8 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
-from conftest import free_port, job
-from test_observe import scrape
+from conftest import free_port, job, scrape
 
 from a4ray import api
 from a4ray.cli import main as cli_main

@@ -67,14 +67,19 @@ def dash(tmp_path_factory):
         address = up.address
         token = subprocess.run([RAY, "get-auth-token"], env=env, capture_output=True, text=True,
                                check=True).stdout.strip()
-        # A run through the Python API (named on the Jobs page), then the rehearsal as the README submits it.
+        # Runs through the Python API (named on the Jobs page), then the rehearsal as the README submits it.
         api = subprocess.run([PYTHON, "-c", (
             "import a4ray, sys; a4ray.connect(sys.argv[1]);"
             "spec = a4ray.load(None, 'cluster.gpus_per_node=1', 'ddp_test.steps=3', 'ddp_test.hidden=64',"
             f" 'name={DDP}', kind='ddp_test');"
-            "run = a4ray.submit(spec); print('RUN', run.id); print('STATUS', run.wait(300))"), gcs],
-            cwd=checkout, env=env, capture_output=True, text=True, timeout=400)
-        assert "STATUS SUCCEEDED" in api.stdout, api.stdout[-3000:] + api.stderr[-3000:]
+            "run = a4ray.submit(spec); print('RUN', run.id); print('STATUS', run.wait(300));"
+            # the CPU rehearsal of the network test: its busbw for the Fabric bandwidth panel
+            "spec = a4ray.load(None, 'cluster.gpus_per_node=1', 'nccl.cpu_max_bytes=1M', 'nccl.iters=1',"
+            " 'nccl.warmup=1', 'nccl.collectives=[all_reduce]', kind='nccl_test');"
+            "print('NCCL', a4ray.submit(spec).wait(300))"), gcs],
+            cwd=checkout, env=env, capture_output=True, text=True, timeout=600)
+        printed = api.stdout[-3000:] + api.stderr[-3000:]
+        assert "STATUS SUCCEEDED" in api.stdout and "NCCL SUCCEEDED" in api.stdout, printed
         rehearsal = subprocess.run(
             [RAY, "job", "submit", "--address", address, "--working-dir", ".", "--", PYTHON, "-m",
              "a4ray.qwen3_next", "--set", "train.iterations=12", "--set", "train.save_interval=12",
@@ -249,7 +254,7 @@ def test_every_grafana_panel_returns_series_from_the_real_prometheus(dash):
         series = _query_range(dash, panel.expr)
         assert series, (panel.title, panel.expr)
         checked.append(panel.title)
-    assert {"Loss", "Tokens per second", "Staging throughput", "Conversion throughput"} <= set(checked)
+    assert {"Loss", "Tokens per second", "Staging throughput", "Conversion throughput", "Fabric bandwidth"} <= set(checked)
     run = a4ray.get_run(dash["submission"], workspace=dash["checkout"] / ".a4ray")
     assert run.id in {s["metric"].get("run") for s in _query_range(dash, "ray_a4ray_train_loss")}
 

@@ -6,6 +6,7 @@ rendezvous at MASTER_ADDR as RANK x processes + local rank, so a wrong rank orde
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from a4ray.builds.builder import BuildFailed
 from a4ray.core.errors import SpecError
 from a4ray.driver.execute import run
 from a4ray.driver.kinds import job_for
-from tests.conftest import job
+from tests.conftest import job, scrape_until
 
 STANDIN = Path(__file__).parent / "programs" / "deepep_standin"
 HCA = "0:mlx5_0:1,1:mlx5_1:1"
@@ -40,6 +41,13 @@ def test_deepep_internode_launch(local_cluster, tmp_path, launcher):
     assert "NVSHMEM_REMOTE_TRANSPORT=ibgda  [script unified-env.sh]" in log
     assert f"DEEP_EP_DEVICE_TO_HCA_MAPPING={HCA}  [deepep_test]" in log
     assert ("orted" in log) == (launcher == "mpi")
+    # DeepEP's best bandwidths at the slowest node, for the dashboard's Fabric bandwidth panel
+    run_id = Path(result.gang.log_dir).parent.name
+    [internode] = result.runs
+    gauges = scrape_until(rf'^ray_a4ray_fabric_gbps\{{.*run="{run_id}"', lambda g: len(g) == len(internode.figures))
+    scraped = {re.search(r'figure="([^"]+)"', g).group(1): float(g.split()[-1]) for g in gauges}
+    assert scraped == pytest.approx(internode.figures, rel=1e-6) and len(scraped) >= 3, gauges
+    assert all('test="deepep internode"' in g and 'nodes="0,1"' in g for g in gauges), gauges
 
 
 def test_deepep_refuses_uneven_experts_and_one_node(tmp_path):

@@ -23,7 +23,7 @@ from a4ray.parsers import nccl_tests
 from a4ray.programs.collectives import bus_factor
 from a4ray.spec.toolbuilds import BuildSpec
 from a4ray.workloads import tool_words
-from tests.conftest import job
+from tests.conftest import job, scrape_until
 
 STANDIN = Path(__file__).parent / "programs" / "nccl_tests_standin.py"
 
@@ -53,6 +53,12 @@ def test_cli_rehearsal_over_gloo_reports_every_collective(local_cluster, tmp_pat
                     assert t["busbw"] == pytest.approx(t["algbw"] * bus_factor(c["collective"], 4), abs=0.011)
                     assert t["algbw"] == pytest.approx(row["size"] / t["time_us"] / 1e3, rel=0.01, abs=0.011)
     assert "busbw at the largest size (GB/s)" in printed and re.search(r"PASS: busbw GB/s at the largest", printed)
+    # Each collective's busbw, for the dashboard's Fabric bandwidth panel (Ray's metrics, as Prometheus reads them)
+    run_id = Path(result["gang"]["log_dir"]).parent.name
+    gauges = scrape_until(rf'^ray_a4ray_fabric_gbps\{{.*run="{run_id}"', lambda lines: len(lines) == len(names))
+    scraped = {re.search(r'test="(\w+)"', g).group(1): float(g.split()[-1]) for g in gauges}
+    assert scraped == pytest.approx({c["collective"]: c["busbw"] for c in result["collectives"]}, rel=1e-6), gauges
+    assert all('figure="busbw"' in g and 'nodes="0,1"' in g for g in gauges), gauges
 
 
 def _standin_binaries(tmp_path: Path) -> Path:

@@ -8,12 +8,11 @@ import json
 import re
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import ray
-from conftest import job
+from conftest import job, scrape
 from ray.util.placement_group import placement_group_table
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from test_gang import assert_no_leftovers
@@ -24,21 +23,6 @@ from a4ray.runtime.gang import Gang
 from a4ray.workloads.generic import Command
 
 pytestmark = pytest.mark.slow
-
-
-def scrape(pattern: str) -> list[str]:
-    """Lines matching `pattern` on every alive node's Prometheus metrics endpoint."""
-    lines = []
-    for node in ray.nodes():
-        if not node["Alive"] or not node.get("MetricsExportPort"):
-            continue
-        url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
-        try:
-            text = urllib.request.urlopen(url, timeout=5).read().decode()
-        except OSError:
-            continue
-        lines += [line for line in text.splitlines() if re.search(pattern, line)]
-    return lines
 
 
 def test_training_progress_is_exported_as_ray_metrics(local_cluster, tmp_path, capfd):

@@ -57,6 +57,9 @@ PANELS = [
     Panel("Iteration", "max by (run) (ray_a4ray_train_iteration)", "{{run}}"),
     Panel("Staging throughput", "sum by (artifact) (ray_a4ray_stage_rate_bytes_per_s)", "{{artifact}}", "Bps",
           "transfer rate of each artifact being staged"),
+    Panel("Fabric bandwidth", "max by (run, test, figure, nodes) (ray_a4ray_fabric_gbps)",
+          "{{run}} {{test}} {{figure}} nodes {{nodes}}", "GBs",
+          "nccl-tests' busbw at the largest size per collective; DeepEP's best dispatch / combine bandwidths"),
     Panel("Conversion throughput", "sum by (node) (ray_a4ray_convert_rate_bytes_per_s)", "{{node}}", "Bps",
           "checkpoint write rate of the last conversion part each node finished"),
 ]

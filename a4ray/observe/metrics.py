@@ -17,6 +17,8 @@ Exported by each node's Ray metrics agent (`ray_` is prepended), e.g. `ray_a4ray
   a4ray_badput_seconds             the run's seconds in each other bucket ({job,run,kind}: program_startup, ...)
   a4ray_convert_bytes_total        checkpoint bytes a conversion wrote, per node ({job,node})
   a4ray_convert_rate_bytes_per_s   write rate of the last conversion part a node finished ({job,node})
+  a4ray_fabric_gbps                a fabric test's figure in GB/s ({job,run,test,figure,nodes}): nccl-tests' busbw at
+                                   the largest size per collective, DeepEP's best dispatch/combine bandwidths
 
 Staging's own (`a4ray_stage_*`) are staging/display.py's. `observe/grafana.py` charts them all.
 
@@ -26,7 +28,9 @@ Per node of the gang ({job,run,node,host}: node is its gang rank, host its machi
   a4ray_node_straggler             1 once the node is flagged a straggler in the launch, else 0 (set every window)
   a4ray_hang_culprit_total         hang verdicts that named a rank of that node
 
-Metrics are created lazily, once per process: Ray refuses two metrics with one name in a process.
+Metrics are created lazily, once per process: Ray refuses two metrics with one name in a process. Ray exports a
+process's values every metrics_report_interval_ms (10 s): a driver that exits sooner after its last value loses it
+(a fabric test's figures, a run's final goodput), so it waits for that export first (`wait_exported`).
 """
 
 from __future__ import annotations
@@ -41,10 +45,13 @@ TAGS = ("job", "run", "node", "rank")
 NODE_TAGS = ("job", "run", "node", "host")
 _lock = threading.Lock()
 _metrics: dict[str, object] = {}
+_last_set = 0.0  # monotonic: when this process last asked for a metric (to set it)
 
 
 def _metric(kind: str, name: str, description: str, tags: tuple[str, ...] = TAGS):
+    global _last_set
     with _lock:
+        _last_set = time.monotonic()
         if name not in _metrics:
             from ray.util import metrics
 
@@ -111,6 +118,8 @@ def record_node_window(job: str, run: str, node: NodeRef, step_time_s: float, st
             "window", NODE_TAGS).set(step_time_s, tags=tags)
     _metric("gauge", "a4ray_node_straggler", "1 once this node is flagged a straggler in the launch, else 0", NODE_TAGS).set(
         1.0 if straggler else 0.0, tags=tags)
+
+
 def record_conversion_part(job: str, node: str, nbytes: int, seconds: float) -> None:
     """One part of a native conversion written: its bytes, and the rate it was written at."""
     tags = {"job": job, "node": node}
@@ -130,3 +139,29 @@ def record_goodput(job: str, run: str, ratio: float, buckets: dict[str, float]) 
     for kind, seconds in buckets.items():
         if kind != "productive_time":
             badput.set(seconds, tags={**tags, "kind": kind})
+
+
+def record_fabric(job: str, run: str, test: str, nodes: list[int], figures: dict[str, float | None]) -> None:
+    """A fabric test's figures in GB/s (`test`: the collective, or DeepEP's test) over gang nodes `nodes`."""
+    gauge = _metric("gauge", "a4ray_fabric_gbps", "a fabric test's figure: busbw, or DeepEP's bandwidth (GB/s)",
+                    ("job", "run", "test", "figure", "nodes"))
+    where = ",".join(map(str, nodes))
+    for figure, gbps in figures.items():
+        if gbps is not None:
+            gauge.set(gbps, tags={"job": job, "run": run, "test": test, "figure": figure, "nodes": where})
+
+
+def wait_exported() -> float:
+    """Wait until Ray has exported what this process set last (its exporter runs every metrics_report_interval_ms,
+    at least 1 s); returns the seconds waited. Call before disconnecting from a cluster that outlives this process."""
+    if not _last_set:
+        return 0.0
+    import ray
+
+    try:
+        interval_s = max(ray._config.metrics_report_interval_ms(), 1000) / 1000  # as Ray's exporter floors it
+    except Exception:  # noqa: BLE001 - Ray's internal config moved: its default
+        interval_s = 10.0
+    wait_s = max(0.0, _last_set + interval_s + 0.5 - time.monotonic())
+    time.sleep(wait_s)
+    return wait_s

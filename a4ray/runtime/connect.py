@@ -18,6 +18,7 @@ import ray
 
 from a4ray.core.console import say, warn
 from a4ray.core.errors import ConnectError
+from a4ray.observe import metrics
 from a4ray.runtime import auth
 from a4ray.runtime.simulated import LOCAL_ROOT_ENV, SIMULATED_LABEL, SimulatedCluster
 from a4ray.spec.cluster import ClusterSpec, StorageSpec
@@ -62,6 +63,8 @@ class Connection:
 
     def close(self) -> None:
         if self._owns_ray and ray.is_initialized():
+            if self.local is None:  # the cluster (its dashboard, Prometheus) outlives this process: its last values
+                metrics.wait_exported()
             ray.shutdown()
         if self._undo is not None:  # before the embedded cluster's own: undone in the reverse order of setting
             self._undo()

@@ -21,6 +21,7 @@ from a4ray.builds.builder import BuildOutcome, ensure
 from a4ray.core.console import table, warn
 from a4ray.core.errors import SpecError
 from a4ray.core.rundir import RunDir
+from a4ray.observe import metrics
 from a4ray.parsers import deepep_log as deepep
 from a4ray.runtime.connect import Connection
 from a4ray.runtime.gang import Gang
@@ -207,6 +208,7 @@ class DeepEPTest(Workload[DeepEPJob]):
                     gang_result = run_launch(gang, self.launch, nodes=members, timeout_s=self.spec.timeout_s,
                                              env_name=self.kind, log_dir=log_dir)
                 runs.append(self.judge(test, members, lines, gang_result))
+                metrics.record_fabric(self.spec.name, gang.run_id, f"deepep {test}", members, runs[-1].figures)
         ok = all(r.ok for r in runs)
         verdict = ("PASS: " if ok else "FAIL: ") + " | ".join(self.describe(r, len(gang.nodes)) for r in runs)
         c = self.spec.cluster

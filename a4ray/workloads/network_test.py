@@ -23,6 +23,7 @@ from a4ray.core.console import say, table
 from a4ray.core.errors import ToolMissing
 from a4ray.core.results import axes
 from a4ray.core.rundir import RunDir
+from a4ray.observe import metrics
 from a4ray.parsers import nccl_debug, nccl_tests
 from a4ray.parsers.nccl_tests import PerfRun
 from a4ray.runtime.connect import Connection
@@ -311,6 +312,9 @@ class NcclTest(Workload[NcclTestJob]):
                 failures.update({c: f"not run: {batch[0]} failed first" for later in batches[i + 1:] for c in later})
                 break
         result = self.judge(gang, runs, failures, nccl_debug.parse(info), gang_result)
+        for c in result.collectives:  # to the dashboard's Fabric bandwidth panel
+            metrics.record_fabric(self.spec.name, gang.run_id, c.collective, list(range(len(gang.nodes))),
+                                  {"busbw": c.busbw})
         if self.spec.nccl.isolate and not result.ok:
             result.isolation = self.isolate(gang, result)
             if result.isolation.bad_nodes:
@@ -413,6 +417,7 @@ class NcclTest(Workload[NcclTestJob]):
             pair = PairResult(nodes=members, hosts=[gang.nodes[m].hostname for m in members], ok=problem is None,
                               busbw=largest.busbw if largest else None, problem=problem)
             iso.tests.append(pair)
+            metrics.record_fabric(self.spec.name, gang.run_id, name, members, {"busbw": pair.busbw})
             return pair
 
         def slow(pair: PairResult, best: float) -> bool:
