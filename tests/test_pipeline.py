@@ -205,6 +205,7 @@ _SHORT = ["--skip", "preflight", "--set", "train.iterations=12", "--set", "train
           "train.save_interval=4", "--set", "observe.summary_every=1", "--set", "convert.verify.enabled=false"]
 
 
+@pytest.mark.timeout(1200)  # three whole pipeline runs: 460 s in CI, past the suite's 600 s on a busier machine
 def test_local_nodes_4_cancelled_then_resumed_and_3_on_the_session_cluster(tmp_path, local_cluster, monkeypatch,
                                                                           capsys):
     """`--local-nodes N` rehearses on N nodes: the profile derives its expert parallelism (it must divide the
