@@ -163,5 +163,8 @@ def wait_exported() -> float:
     except Exception:  # noqa: BLE001 - Ray's internal config moved: its default
         interval_s = 10.0
     wait_s = max(0.0, _last_set + interval_s + 0.5 - time.monotonic())
-    time.sleep(wait_s)
+    try:
+        time.sleep(wait_s)
+    except KeyboardInterrupt:  # a stop while waiting: what the run had to record is recorded; stop waiting
+        pass
     return wait_s

@@ -61,9 +61,12 @@ class Connection:
         root = os.environ.get(LOCAL_ROOT_ENV) or (self.local.root if self.local else None) or os.getcwd()
         return (Path(root) / storage.local_workspace).resolve()
 
-    def close(self) -> None:
+    def close(self, *, settle: bool = True) -> None:
+        """Disconnect (and shut down what this connection started). `settle`: first wait for Ray to export this
+        process's last metric values where the cluster outlives it; not when leaving on a cancel or an error,
+        whose record must be written before `ray job stop` kills the driver (its grace is a few seconds)."""
         if self._owns_ray and ray.is_initialized():
-            if self.local is None:  # the cluster (its dashboard, Prometheus) outlives this process: its last values
+            if settle and self.local is None:  # the cluster (its dashboard, Prometheus) outlives this process
                 metrics.wait_exported()
             ray.shutdown()
         if self._undo is not None:  # before the embedded cluster's own: undone in the reverse order of setting
@@ -76,8 +79,8 @@ class Connection:
     def __enter__(self) -> Connection:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(settle=exc_type is None)
 
 
 def _init(address: str) -> tuple[str | None, auth.Undo]:
