@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
-from conftest import free_port, job, scrape
+from conftest import free_port, job, scrape, scrape_until
 
 from a4ray import api
 from a4ray.cli import main as cli_main
@@ -115,10 +115,7 @@ def test_a_hang_names_the_rank_that_never_joined_and_the_retry_keeps_off_its_nod
     assert host not in {n.host for n in result.gang.nodes}
     assert {h: [e.event for e in events] for h, events in NodeHistory(tmp_path).hosts().items()} == \
         {host: ["hang-culprit"]}
-    deadline, counted = time.monotonic() + 60, []
-    while time.monotonic() < deadline and not counted:
-        counted = scrape(rf'^ray_a4ray_hang_culprit_total\{{.*run="{run_dir.name}"')
-        time.sleep(1)
+    counted = scrape_until(rf'^ray_a4ray_hang_culprit_total\{{.*run="{run_dir.name}"', bool)
     assert len(counted) == 1 and 'node="1"' in counted[0] and f'host="{host}"' in counted[0], counted
 
 
@@ -419,10 +416,7 @@ def test_a_node_made_slower_is_flagged_a_straggler_and_an_even_gang_flags_none(l
     def as_flagged(flags: list[str]) -> bool:
         return len(flags) == 3 and all(line.endswith((" 1.0", " 1")) == ('node="2"' in line) for line in flags)
 
-    deadline, flags = time.monotonic() + 60, []
-    while time.monotonic() < deadline and not as_flagged(flags):
-        flags = scrape(rf'^ray_a4ray_node_straggler\{{.*run="{run_id}"')
-        time.sleep(1)
+    flags = scrape_until(rf'^ray_a4ray_node_straggler\{{.*run="{run_id}"', as_flagged)
     assert as_flagged(flags), flags
     assert any(f'host="{node2.host}"' in line for line in flags)
     assert len(scrape(rf'^ray_a4ray_node_step_time_seconds\{{.*run="{run_id}"')) == 3
