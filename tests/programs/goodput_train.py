@@ -1,5 +1,5 @@
 """A rank program for the goodput tests: a training loop without torch (cheap to start), in step with its peers through
-the checkpoint file. Rank 0 prints Megatron-LM's iteration line every iteration and saves a checkpoint every
+files (each iteration begins once every rank has reached it, as a collective would hold them). Rank 0 prints Megatron-LM's iteration line every iteration and saves a checkpoint every
 `SAVE_EVERY` iterations, in Megatron-LM's words ("saving checkpoint at iteration", "successfully saved
 checkpoint"); on the first attempt the victim rank SIGKILLs itself once iteration `KILL_AT` is done. A restart
 resumes after the checkpoint, so the iterations past it are done again.
@@ -17,9 +17,23 @@ from pathlib import Path
 state, total, step_s, every, save_s, kill_at, victim = (Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]),
                                                         int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]),
                                                         int(sys.argv[7]))
-rank, attempt = int(os.environ["RANK"]), int(os.environ.get("A4RAY_ATTEMPT", "0"))
+rank, world, attempt = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("A4RAY_ATTEMPT", "0"))
+reached = [state.with_name(f"{state.name}.attempt{attempt}.rank{r}") for r in range(world)]
+
+
+def in_step(it: int) -> None:
+    """Begin iteration `it` once every rank has reached it: a peer that died holds the others here, as NCCL's
+    collectives do (without this, a rank whose node started late fell behind, and rank 0 saved past the kill)."""
+    mine = reached[rank]
+    mine.with_name(mine.name + ".tmp").write_text(str(it))
+    mine.with_name(mine.name + ".tmp").replace(mine)
+    while not all(p.exists() and int(p.read_text()) >= it for p in reached):
+        time.sleep(0.005)
+
+
 start = json.loads(state.read_text())["iteration"] if state.exists() else 0
 for it in range(start + 1, total + 1):
+    in_step(it)
     time.sleep(step_s)
     if rank == victim and attempt == 0 and it == kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
