@@ -191,6 +191,36 @@ def test_a_killed_node_actor_ends_the_gang_and_its_processes(local_cluster, tmp_
     assert_no_leftovers(error.result.launch_id)
 
 
+def test_a_restart_keeps_its_gang_unless_another_node_could_take_the_place_of_one_to_leave(local_cluster, tmp_path,
+                                                                                           capsys):
+    """A failed launch (a real one: node 1's rank exits 3) leaves its gang, placed and with its node actors, for the
+    next attempt, unless a node is to be kept off and the cluster has another to take its place. The 3-node gang
+    fills the 3-node cluster: a new gang would land on the same nodes, so it stays, saying why. The 2-node gang
+    has the third node to move to: it does not stay. A lost node never stays (test_observe's restart)."""
+    for nodes, stays in ((3, True), (2, False)):
+        spec = job("command", f"cluster.nodes={nodes}", "cluster.gpus_per_node=1", "cluster.stop_grace_s=2",
+                   "command.argv=[bash, -c, 'test $RANK != 1 || exit 3; sleep 600']", workspace=tmp_path)
+        gang = Gang(spec, log_dir=str(tmp_path / "logs"))
+        try:
+            with pytest.raises(GangFailed) as failed:
+                gang.run(Command(spec).launch, timeout_s=60)
+            result = failed.value.result
+            assert gang.serves_again(result, {})
+            host = gang.nodes[1].labels[GKE_HOST_LABEL]
+            capsys.readouterr()
+            assert gang.serves_again(result, {host: "a straggler"}) is stays
+            out = capsys.readouterr().out
+            if stays:
+                assert f"cannot keep off {host} ({host}: a straggler): only 2 other node(s) fit and the gang needs 3, " \
+                       "and nothing can add nodes" in out and "the next attempt runs on this gang, that node included" \
+                       in out, out
+            else:
+                assert out == ""
+            assert gang.serves_again(result, {"sim-host-not-in-the-gang": "a straggler"})
+        finally:
+            gang.close()
+
+
 def test_timeout_stops_every_node(local_cluster, tmp_path):
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "timeout_s=3",
                "command.argv=[bash, -c, 'sleep 600 & wait']", workspace=tmp_path)

@@ -103,7 +103,8 @@ def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_clu
     assert "ep 2 dp 2" in out and "distributed optimizer: on" in out
     # The killed rank failed the gang; the restart relaunched it and the trainer resumed from a checkpoint.
     train = steps["train"]["result"]
-    assert "attempt 1/1: relaunching on the same gang; the trainer resumes from checkpoint iteration" in out
+    restart = [line for line in out.splitlines() if re.search(r"attempt 1/1|keep off|straggler|restarting", line)]
+    assert "attempt 1/1: relaunching on the same gang; the trainer resumes from checkpoint iteration" in out, restart
     # Killed while writing a checkpoint: the partial one is never loaded, the run says so and resumes from the one
     # before it.
     [(_, writing)] = killed

@@ -88,7 +88,11 @@ class Gang:
         t0, self.placing_at = time.monotonic(), time.time()
         c = self.cluster
         bundle = {"CPU": c.cpus_per_node, "GPU": c.gpus_per_node, c.node_resource: 1}
-        selector = self._keep_off()
+        selector = None
+        if self.avoid:
+            can, selector, line = self.keep_off(self.avoid)
+            say(f"gang {self.name}: {line}" + ("" if can else f"; placing the gang on the nodes there are, "
+                                               f"{'that one' if len(self.avoid) == 1 else 'those'} included"))
         self.pg = placement_group([dict(bundle)] * c.nodes, strategy="STRICT_SPREAD", name=self.name,
                                   bundle_label_selector=[dict(selector)] * c.nodes if selector else None)
         self._wait_placed(t0)
@@ -115,37 +119,49 @@ class Gang:
                 f"actor {self.actor_names[rank]}")
         return self.nodes
 
-    def _keep_off(self) -> dict[str, str] | None:
-        """The label selector that keeps every bundle off the hosts in `avoid` (Ray places the gang: this only
-        narrows where), or None, saying which hosts it avoids and why, or why it cannot."""
-        if not self.avoid:
-            return None
+    def keep_off(self, avoid: dict[str, str]) -> tuple[bool, dict[str, str] | None, str]:
+        """Whether a gang can be placed off the hosts in `avoid` (host -> why): other nodes fit it, or something can
+        add nodes; the label selector that does it (Ray places the gang: this only narrows where; None where no
+        node of the cluster is to be avoided); and what to say of it. Hosts without the topology's host label are
+        kept off by their current Ray node ids."""
         c, t = self.cluster, self.cluster.topology
         fitting = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get(c.node_resource, 0) >= 1
                    and n["Resources"].get("GPU", 0) >= c.gpus_per_node and n["Resources"].get("CPU", 0) >= c.cpus_per_node]
         labels = [n.get("Labels") or {} for n in fitting]
         host_of = [lab.get(t.host_label) or n.get("NodeManagerHostname", "") for n, lab in zip(fitting, labels)]
-        avoided = [h for h in host_of if h in self.avoid]
-        others = len(fitting) - len(avoided)
-        reasons = "; ".join(f"{host}: {why}" for host, why in self.avoid.items())
+        others = len(fitting) - len([h for h in host_of if h in avoid])
         if all(t.host_label in lab for lab in labels):
-            selector = {t.host_label: f"!in({','.join(sorted(self.avoid))})"}
-        else:  # hosts without the topology's host label: keep off their current Ray nodes
-            ids = [n["NodeID"] for n, h in zip(fitting, host_of) if h in self.avoid]
+            selector = {t.host_label: f"!in({','.join(sorted(avoid))})"}
+        else:
+            ids = [n["NodeID"] for n, h in zip(fitting, host_of) if h in avoid]
             selector = {"ray.io/node-id": f"!in({','.join(ids)})"} if ids else {}
+        what = f"{', '.join(sorted(avoid))} ({'; '.join(f'{host}: {why}' for host, why in avoid.items())})"
         if others >= c.nodes:
-            say(f"gang {self.name}: keeping off {', '.join(sorted(self.avoid))} ({reasons}); "
-                f"{others} other node(s) fit, the gang needs {c.nodes}")
-            return selector or None
+            return True, selector or None, f"keeping off {what}; {others} other node(s) fit, the gang needs {c.nodes}"
         grows, why = cluster_growth()
         if grows:
-            say(f"gang {self.name}: keeping off {', '.join(sorted(self.avoid))} ({reasons}); only {others} other "
-                f"node(s) fit and the gang needs {c.nodes}: waiting for new nodes ({why})")
-            return selector or None
-        say(f"gang {self.name}: cannot keep off {', '.join(sorted(self.avoid))} ({reasons}): only {others} other "
-            f"node(s) fit and the gang needs {c.nodes}, and {why}; placing the gang on the nodes there are, "
-            f"{'that one' if len(self.avoid) == 1 else 'those'} included")
-        return None
+            return True, selector or None, (f"keeping off {what}; only {others} other node(s) fit and the gang needs "
+                                            f"{c.nodes}: waiting for new nodes ({why})")
+        return False, None, (f"cannot keep off {what}: only {others} other node(s) fit and the gang needs {c.nodes}, "
+                             f"and {why}")
+
+    def serves_again(self, failed: GangResult, leave: dict[str, str]) -> bool:
+        """Whether the next attempt can run on this gang, as placed: none of its nodes was lost, and none is to be
+        kept off (`leave`: host -> why) where a gang could be placed without it. Where it could not, a new gang
+        would land on the same nodes, at the cost of a placement and a node actor per node (seconds on a busy
+        cluster). The failed launch's processes were all stopped with it."""
+        if not self.actors or any(n.status == "lost" for n in failed.nodes):
+            return False
+        ours = {n.host for n in failed.nodes}
+        mine = {host: why for host, why in leave.items() if host in ours}
+        if not mine:
+            return True
+        can, _, line = self.keep_off(mine)
+        if not can:
+            say(f"gang {self.name}: {line}; the next attempt runs on this gang, {'that node' if len(mine) == 1 else 'those'} "
+                "included")
+        return not can
+
     @property
     def step(self) -> str:
         """What this gang runs, in its actors' names: the pipeline step whose `logs/<step>/` it logs to, else the

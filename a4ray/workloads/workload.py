@@ -122,8 +122,8 @@ class Workload(ABC, Generic[S]):
     def run(self, conn: Connection, run_dir: RunDir, *, log_dir: Path | None = None) -> WorkloadResult:
         """The whole job on the connected cluster: `execute` on a gang, and again after a failure while
         `spec.restart` allows; each attempt gets `spec.timeout_s`. A restart relaunches on the same gang (its
-        placement and node actors, already there) unless a node of it was lost or is to be kept off (blamed, a
-        straggler): then on a fresh gang, off those nodes where the cluster has others. Logs go to `log_dir`
+        placement and node actors, already there) unless a node of it was lost, or is to be kept off (blamed, a
+        straggler) and the cluster has another to take its place: then on a fresh gang, off those nodes. Logs go to `log_dir`
         (default: the run directory's `logs/`). A job that is not a gang launch (conversion: a cache check, Ray
         tasks) overrides this."""
         spec, attempt, gang = self.spec, 0, None
@@ -165,7 +165,7 @@ class Workload(ABC, Generic[S]):
                     return result
                 leave = keep_off(result.gang, blamed)
                 avoid.update(leave)
-                if not _same_gang_serves(result.gang, leave):
+                if not gang.serves_again(result.gang, leave):
                     gang.close()
                     gang = None
                 attempt += 1
@@ -208,13 +208,6 @@ def _live_goodput(job: str, run: str, gang: Gang, attempt: int, attempts: list[A
     failed: list[Exception] = []
 
     return update
-
-
-def _same_gang_serves(failed: GangResult, leave: dict[str, str]) -> bool:
-    """Whether the next attempt can run on the gang that just failed: none of its nodes was lost, and none is to be
-    kept off. A new gang costs a placement and a node actor per node (seconds on a busy cluster); the old one's
-    processes were all stopped with the failed launch."""
-    return all(n.status != "lost" and n.host not in leave for n in failed.nodes)
 
 
 def run_launch(gang: Gang, build, **kwargs) -> GangResult:
