@@ -24,7 +24,7 @@ from a4ray.driver.execute import run
 from a4ray.runtime import gang as gang_module
 from a4ray.runtime.gang import Gang, cluster_growth
 from a4ray.runtime.process import LAUNCH_ID_VAR
-from a4ray.runtime.simulated import _unadvertised, machine_cores, simulated_ip
+from a4ray.runtime.simulated import _patient_registration, _unadvertised, machine_cores, simulated_ip
 from a4ray.spec.cluster import GKE_HOST_LABEL
 from a4ray.workloads.generic import Command
 
@@ -332,6 +332,38 @@ def test_local_rank_i_uses_the_nodes_ith_gpu_in_ascending_order(extra_nodes, tmp
     for node, gpus in lines:
         log = (Path(result.gang.log_dir) / f"node-{int(node):02d}.log").read_text()
         assert sorted(re.findall(r"GPUS (\d) (\S+)", log)) == [(str(i), gpus) for i in range(4)], log[-3000:]
+
+
+def test_a_starting_node_gets_longer_than_rays_30_s_to_register(monkeypatch):
+    """Ray's node start asks the GCS for the node (`services.get_node`) until it is there, for 30 s (hard-coded);
+    a busy 2-core CI runner missed that once ("The current node timed out during startup", its GCS answering
+    'RPC error: Deadline Exceeded'). Within a4ray's node starts each ask keeps asking until the node is there
+    or its own wait has passed; outside them Ray's own function is back."""
+    from ray._private import services
+
+    asks: list[float] = []
+
+    def registers_on_the_third_ask(gcs_address, node_id):
+        asks.append(time.monotonic())
+        if len(asks) < 3:
+            raise RuntimeError("b'RPC error: Deadline Exceeded'")
+        return {"node_id": node_id}
+
+    monkeypatch.setattr(services, "get_node", registers_on_the_third_ask)
+    with _patient_registration(wait_s=30):
+        assert services.get_node("127.0.0.1:1", "n1") == {"node_id": "n1"} and len(asks) == 3
+    assert services.get_node is registers_on_the_third_ask
+    asks.clear()
+
+    def never_registers(gcs_address, node_id):
+        asks.append(time.monotonic())
+        raise RuntimeError("not yet")
+
+    monkeypatch.setattr(services, "get_node", never_registers)
+    t0 = time.monotonic()
+    with _patient_registration(wait_s=0.5), pytest.raises(RuntimeError, match="not yet"):
+        services.get_node("127.0.0.1:1", "n1")
+    assert 0.5 <= time.monotonic() - t0 < 5 and len(asks) >= 2
 
 
 def test_two_local_clusters_never_share_a_node_address(local_cluster):

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from a4ray.core import ports
@@ -176,6 +177,37 @@ def _own_session():
         services.ConsolePopen = popen
 
 
+NODE_REGISTRATION_S = 120.0  # how long a starting node's raylet may take to register with the GCS
+
+
+@contextlib.contextmanager
+def _patient_registration(wait_s: float = NODE_REGISTRATION_S):
+    """Nodes started while the block runs get `wait_s` to register with the GCS, not Ray's hard-coded 30 s. A
+    machine busy with other work (a 2-core CI runner, a laptop training beside it) misses 30 s now and then, and
+    Ray then raises "The current node timed out during startup" with the node's processes still coming up. Ray
+    asks the GCS for the node in a loop (`services.get_node`, RuntimeError until it is there, an RPC deadline when
+    the GCS is slow): each ask here keeps asking until the node is there or `wait_s` has passed."""
+    from ray._private import services
+
+    get_node = services.get_node
+
+    def patient(*args, **kwargs):
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return get_node(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    services.get_node = patient
+    try:
+        yield
+    finally:
+        services.get_node = get_node
+
+
 @contextlib.contextmanager
 def _unadvertised(private: bool):
     """Ray's test Cluster records its head's address for the whole machine (`ray_current_cluster`, where
@@ -285,7 +317,7 @@ class SimulatedCluster:
         head["temp_dir"] = tempfile.mkdtemp(prefix="a4-", dir=ray_temp)  # short: Ray's socket paths have a limit
         # The head's processes (its Ray Client proxy, its dashboard) take these from this process.
         with _environ({**HEAD_ENV, **(self.prometheus.head_env() if self.prometheus else {})}), \
-                _unadvertised(private=not self.shared), _own_session():
+                _unadvertised(private=not self.shared), _own_session(), _patient_registration():
             self.cluster = Cluster(initialize_head=True, head_node_args=head,
                                    shutdown_at_exit=True)
         write_ray_address(self.cluster.address, head["temp_dir"])
@@ -311,7 +343,7 @@ class SimulatedCluster:
         labels = {**simulated_location(index, self.topology), SIMULATED_LABEL: "true",
                   "a4ray.io/machine-type": machine_type}
         ip = {"node_ip_address": self.ip(index)} if self.loopback_ips else {}
-        with _own_session():
+        with _own_session(), _patient_registration():
             node = self.cluster.add_node(
                 num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node if gpus is None else gpus,
                 resources={machine_type: 1}, labels=labels, env_vars=env,
