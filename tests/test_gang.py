@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -24,7 +25,13 @@ from a4ray.driver.execute import run
 from a4ray.runtime import gang as gang_module
 from a4ray.runtime.gang import Gang, cluster_growth
 from a4ray.runtime.process import LAUNCH_ID_VAR
-from a4ray.runtime.simulated import _patient_registration, _unadvertised, machine_cores, simulated_ip
+from a4ray.runtime.simulated import (
+    _patient_registration,
+    _raylet_exited,
+    _unadvertised,
+    machine_cores,
+    simulated_ip,
+)
 from a4ray.spec.cluster import GKE_HOST_LABEL
 from a4ray.workloads.generic import Command
 
@@ -334,7 +341,7 @@ def test_local_rank_i_uses_the_nodes_ith_gpu_in_ascending_order(extra_nodes, tmp
         assert sorted(re.findall(r"GPUS (\d) (\S+)", log)) == [(str(i), gpus) for i in range(4)], log[-3000:]
 
 
-def test_a_starting_node_gets_longer_than_rays_30_s_to_register(monkeypatch):
+def test_a_starting_node_gets_longer_than_rays_30_s_to_register(monkeypatch, tmp_path):
     """Ray's node start asks the GCS for the node (`services.get_node`) until it is there, for 30 s (hard-coded);
     a busy 2-core CI runner missed that once ("The current node timed out during startup", its GCS answering
     'RPC error: Deadline Exceeded'). Within a4ray's node starts each ask keeps asking until the node is there
@@ -364,6 +371,17 @@ def test_a_starting_node_gets_longer_than_rays_30_s_to_register(monkeypatch):
     with _patient_registration(wait_s=0.5), pytest.raises(RuntimeError, match="not yet"):
         services.get_node("127.0.0.1:1", "n1")
     assert 0.5 <= time.monotonic() - t0 < 5 and len(asks) >= 2
+    # A node whose raylet has exited (a failed agent ends it) is not waited for: the start fails at once, and
+    # add_node stops what it left and starts the node once more.
+    raylet = tmp_path / "raylet"
+    raylet.symlink_to(shutil.which("false"))
+    ended = subprocess.Popen([str(raylet)])
+    ended.wait()
+    assert _raylet_exited([ended]) == "exit code 1"
+    t0 = time.monotonic()
+    with _patient_registration(wait_s=30, started=[ended]), pytest.raises(RuntimeError, match="not yet"):
+        services.get_node("127.0.0.1:1", "n1")
+    assert time.monotonic() - t0 < 5
 
 
 def test_two_local_clusters_never_share_a_node_address(local_cluster):

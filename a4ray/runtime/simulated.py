@@ -21,6 +21,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -161,32 +162,56 @@ def _own_session():
     when it dies, and they stay in that group."""
     from ray._private import services, utils
 
+    started: list[subprocess.Popen] = []  # yielded: the processes the block started (a failed node's to stop)
     if not (sys.platform.startswith("linux") and utils.detect_fate_sharing_support()):
-        yield
+        yield started
         return
     popen = services.ConsolePopen
 
     class SessionPopen(popen):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, start_new_session=True, **kwargs)
+            started.append(self)
 
     services.ConsolePopen = SessionPopen
     try:
-        yield
+        yield started
     finally:
         services.ConsolePopen = popen
+
+
+def _raylet_exited(started: list[subprocess.Popen]) -> str:
+    """How the raylet among `started` ended ("exit code N"), or "" while it runs (or none was started)."""
+    for proc in started:
+        command = proc.args[0] if isinstance(proc.args, (list, tuple)) else str(proc.args).split()[0]
+        if os.path.basename(str(command)) == "raylet" and proc.poll() is not None:
+            return f"exit code {proc.returncode}"
+    return ""
+
+
+def _stop_started(started: list[subprocess.Popen]) -> None:
+    """Kill what a failed node start left (each process with its session's group: its agents)."""
+    for proc in started:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    for proc in started:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
 
 
 NODE_REGISTRATION_S = 120.0  # how long a starting node's raylet may take to register with the GCS
 
 
 @contextlib.contextmanager
-def _patient_registration(wait_s: float = NODE_REGISTRATION_S):
+def _patient_registration(wait_s: float = NODE_REGISTRATION_S, started: list[subprocess.Popen] | None = None):
     """Nodes started while the block runs get `wait_s` to register with the GCS, not Ray's hard-coded 30 s. A
     machine busy with other work (a 2-core CI runner, a laptop training beside it) misses 30 s now and then, and
     Ray then raises "The current node timed out during startup" with the node's processes still coming up. Ray
     asks the GCS for the node in a loop (`services.get_node`, RuntimeError until it is there, an RPC deadline when
-    the GCS is slow): each ask here keeps asking until the node is there or `wait_s` has passed."""
+    the GCS is slow): each ask here keeps asking until the node is there or `wait_s` has passed, or until the
+    node's raylet among `started` has exited (a failed agent ends it: no wait brings that node up)."""
     from ray._private import services
 
     get_node = services.get_node
@@ -197,7 +222,7 @@ def _patient_registration(wait_s: float = NODE_REGISTRATION_S):
             try:
                 return get_node(*args, **kwargs)
             except RuntimeError:
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline or _raylet_exited(started or []):
                     raise
                 time.sleep(0.2)
 
@@ -343,17 +368,28 @@ class SimulatedCluster:
         labels = {**simulated_location(index, self.topology), SIMULATED_LABEL: "true",
                   "a4ray.io/machine-type": machine_type}
         ip = {"node_ip_address": self.ip(index)} if self.loopback_ips else {}
-        with _own_session(), _patient_registration():
-            node = self.cluster.add_node(
-                num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node if gpus is None else gpus,
-                resources={machine_type: 1}, labels=labels, env_vars=env,
-                object_store_memory=self.object_store_mb * 2**20,
-                # Each machine unpacks a job's working_dir into its own runtime-resources directory, and each
-                # node's agent replaces that copy when it first sets the job up. Simulated nodes share one
-                # session directory: in a shared one, node 1 would delete the copy node 0's processes run in.
-                runtime_env_dir_name=f"runtime_resources_node{index}", **ip,
-                node_name=labels[self.topology.host_label],  # the dashboard's Cluster page: not one hostname thrice
-            )
+        for attempt in (0, 1):  # a node whose raylet ended while starting (an agent failed) gets one more start
+            with _own_session() as started, _patient_registration(started=started):
+                try:
+                    node = self.cluster.add_node(
+                        num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node if gpus is None else gpus,
+                        resources={machine_type: 1}, labels=labels, env_vars=env,
+                        object_store_memory=self.object_store_mb * 2**20,
+                        # Each machine unpacks a job's working_dir into its own runtime-resources directory, and each
+                        # node's agent replaces that copy when it first sets the job up. Simulated nodes share one
+                        # session directory: in a shared one, node 1 would delete the copy node 0's processes run in.
+                        runtime_env_dir_name=f"runtime_resources_node{index}", **ip,
+                        # the dashboard's Cluster page: not one hostname thrice
+                        node_name=labels[self.topology.host_label],
+                    )
+                    break
+                except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this one
+                    if attempt or "timed out during startup" not in str(e):
+                        raise
+                    how = _raylet_exited(started) or "still not registered"
+                    _stop_started(started)
+                    warn(f"simulated node {index}: its raylet did not register with the GCS ({how}); starting it once "
+                         "more")
         self.workers[index] = node
         return node
 
