@@ -125,8 +125,7 @@ class Gang:
         node of the cluster is to be avoided); and what to say of it. Hosts without the topology's host label are
         kept off by their current Ray node ids."""
         c, t = self.cluster, self.cluster.topology
-        fitting = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get(c.node_resource, 0) >= 1
-                   and n["Resources"].get("GPU", 0) >= c.gpus_per_node and n["Resources"].get("CPU", 0) >= c.cpus_per_node]
+        fitting = whole_nodes(c)
         labels = [n.get("Labels") or {} for n in fitting]
         host_of = [lab.get(t.host_label) or n.get("NodeManagerHostname", "") for n, lab in zip(fitting, labels)]
         others = len(fitting) - len([h for h in host_of if h in avoid])
@@ -418,10 +417,14 @@ def placed_nodes(pg) -> dict[int, NodeFacts]:
 
 def fits_the_nodes(spec: JobSpec) -> bool:
     """Whether the cluster's alive nodes could hold the gang if nothing else ran (else only new nodes can)."""
-    c = spec.cluster
-    whole = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get(c.node_resource, 0) >= 1
-             and n["Resources"].get("GPU", 0) >= c.gpus_per_node and n["Resources"].get("CPU", 0) >= c.cpus_per_node]
-    return len(whole) >= c.nodes
+    return len(whole_nodes(spec.cluster)) >= spec.cluster.nodes
+
+
+def whole_nodes(c) -> list[dict]:
+    """The cluster's alive nodes (Ray's node table) that could each hold one of the gang's bundles if nothing else
+    ran on them: the node resource, the GPUs and the CPUs of `c` (the spec's cluster)."""
+    return [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get(c.node_resource, 0) >= 1
+            and n["Resources"].get("GPU", 0) >= c.gpus_per_node and n["Resources"].get("CPU", 0) >= c.cpus_per_node]
 
 
 def cluster_growth() -> tuple[bool | None, str]:
