@@ -28,6 +28,7 @@ from a4ray.runtime.process import LAUNCH_ID_VAR
 from a4ray.runtime.simulated import (
     _patient_registration,
     _raylet_exited,
+    _start_node,
     _unadvertised,
     machine_cores,
     simulated_ip,
@@ -383,6 +384,43 @@ def test_a_starting_node_gets_longer_than_rays_30_s_to_register(monkeypatch, tmp
         services.get_node("127.0.0.1:1", "n1")
     assert time.monotonic() - t0 < 5
 
+
+
+def test_a_node_whose_raylet_ended_while_starting_is_started_once_more_and_the_warning_says_why(tmp_path, capsys):
+    """Head or worker, a node start that fails with Ray's "timed out during startup" is stopped and started once
+    more with fresh ports, and the warning carries the raylet's exit and its last error line (clean-clone CI lost
+    a run to a head whose raylet had died, with nothing to say why); a second failure is the user's to see."""
+    from ray._private import services
+
+    log = tmp_path / "raylet.out"
+    log.write_text("[2026-11-29 00:00:00,000 I 7 7] (raylet) main.cc:1: starting\n"
+                   "[2026-11-29 00:00:01,000 E 7 7] (raylet) agent_manager.cc:1: The raylet exited immediately "
+                   "because one Ray agent failed, agent_name = dashboard_agent\n")
+    raylet = tmp_path / "raylet"
+    raylet.symlink_to(shutil.which("false"))
+    calls, fresh = [], []
+
+    def start():
+        calls.append(1)
+        services.ConsolePopen([str(raylet), f"--stdout_filepath={log}"]).wait()  # as Ray starts it
+        if len(calls) == 1:
+            raise Exception("The current node timed out during startup. This could happen because ...")
+        return "node"
+
+    assert _start_node("simulated node 1", start, fresh=lambda: fresh.append(1)) == "node"
+    assert calls == [1, 1] and fresh == [1]
+    err = capsys.readouterr().err
+    assert "simulated node 1: its raylet did not register with the GCS (exit code 1; its last error: (raylet) " \
+           "agent_manager.cc:1: The raylet exited immediately because one Ray agent failed" in err, err
+
+    def never_comes_up():
+        calls.append(1)
+        raise Exception("The current node timed out during startup.")
+
+    calls.clear()
+    with pytest.raises(Exception, match="timed out during startup"):
+        _start_node("the simulated cluster's head", never_comes_up)
+    assert calls == [1, 1]
 
 def test_two_local_clusters_never_share_a_node_address(local_cluster):
     """Each local cluster's nodes take addresses from a loopback block it alone holds while it runs (the session

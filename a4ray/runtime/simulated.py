@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -201,6 +202,40 @@ def _stop_started(started: list[subprocess.Popen]) -> None:
             proc.wait(timeout=5)
 
 
+def _raylet_last_error(started: list[subprocess.Popen]) -> str:
+    """The last error line of the raylet among `started` (its log file's), or "": why a node did not come up."""
+    for proc in started:
+        args = proc.args if isinstance(proc.args, (list, tuple)) else []
+        out = next((a.split("=", 1)[1] for a in args if str(a).startswith("--stdout_filepath=")), None)
+        if out:
+            with contextlib.suppress(OSError):
+                errors = [line for line in Path(out).read_text(errors="replace").splitlines()
+                          if re.match(r"\[[^\]]* [EFC] \d+ \d+\]", line)]
+                if errors:
+                    return errors[-1].split("] ", 1)[-1][:300]
+    return ""
+
+
+def _start_node(what: str, start, fresh=lambda: None):
+    """`start()` one simulated node, its processes in a session of their own and given time to register. A node
+    whose raylet ended while starting (an agent failed: on a loaded machine, most often its port taken meanwhile),
+    or that did not register in time, is stopped and started once more (`fresh()` first: new ports), with a
+    warning that says why; a second failure raises."""
+    for attempt in (0, 1):
+        with _own_session() as started, _patient_registration(started=started):
+            try:
+                return start()
+            except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this one
+                if attempt or "timed out during startup" not in str(e):
+                    raise
+                how = _raylet_exited(started) or "still not registered"
+                last = _raylet_last_error(started)
+                _stop_started(started)
+                warn(f"{what}: its raylet did not register with the GCS ({how}"
+                     f"{f'; its last error: {last}' if last else ''}); starting it once more")
+                fresh()
+
+
 NODE_REGISTRATION_S = 120.0  # how long a starting node's raylet may take to register with the GCS
 
 
@@ -324,12 +359,16 @@ class SimulatedCluster:
         where = {} if self.host == "0.0.0.0" else {"node_ip_address": self.host}
         head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard, dashboard_host=self.host,
                     env_vars={LOCAL_ROOT_ENV: self.root, **_python_first()},
-                    object_store_memory=128 * 2**20, dashboard_agent_listen_port=ports.free_port(),
-                    labels={SIMULATED_LABEL: "true"}, node_name="head", **where)
+                    object_store_memory=128 * 2**20, labels={SIMULATED_LABEL: "true"}, node_name="head", **where)
         if self.client_port:
             head["ray_client_server_port"] = self.client_port
-        if self.dashboard:  # Ray's usual port where it is free: another cluster on this machine may hold it
-            head["dashboard_port"] = self.dashboard_port or (DASHBOARD_PORT if ports.is_free(DASHBOARD_PORT) else ports.free_port())
+
+        def fresh_ports():
+            head["dashboard_agent_listen_port"] = ports.free_port()
+            if self.dashboard:  # Ray's usual port where it is free: another cluster on this machine may hold it
+                head["dashboard_port"] = self.dashboard_port or (
+                    DASHBOARD_PORT if ports.is_free(DASHBOARD_PORT) else ports.free_port())
+        fresh_ports()
         self._tmp_root = tempfile.mkdtemp(prefix="a4ray-sim-")
         if self.loopback_ips:
             self._loopback = LoopbackBlock()
@@ -342,9 +381,9 @@ class SimulatedCluster:
         head["temp_dir"] = tempfile.mkdtemp(prefix="a4-", dir=ray_temp)  # short: Ray's socket paths have a limit
         # The head's processes (its Ray Client proxy, its dashboard) take these from this process.
         with _environ({**HEAD_ENV, **(self.prometheus.head_env() if self.prometheus else {})}), \
-                _unadvertised(private=not self.shared), _own_session(), _patient_registration():
-            self.cluster = Cluster(initialize_head=True, head_node_args=head,
-                                   shutdown_at_exit=True)
+                _unadvertised(private=not self.shared):
+            self.cluster = _start_node("the simulated cluster's head", fresh=fresh_ports, start=lambda: Cluster(
+                initialize_head=True, head_node_args=head, shutdown_at_exit=True))
         write_ray_address(self.cluster.address, head["temp_dir"])
         if self.prometheus:
             self.prometheus.start(self.cluster.head_node.get_session_dir_path())
@@ -368,28 +407,15 @@ class SimulatedCluster:
         labels = {**simulated_location(index, self.topology), SIMULATED_LABEL: "true",
                   "a4ray.io/machine-type": machine_type}
         ip = {"node_ip_address": self.ip(index)} if self.loopback_ips else {}
-        for attempt in (0, 1):  # a node whose raylet ended while starting (an agent failed) gets one more start
-            with _own_session() as started, _patient_registration(started=started):
-                try:
-                    node = self.cluster.add_node(
-                        num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node if gpus is None else gpus,
-                        resources={machine_type: 1}, labels=labels, env_vars=env,
-                        object_store_memory=self.object_store_mb * 2**20,
-                        # Each machine unpacks a job's working_dir into its own runtime-resources directory, and each
-                        # node's agent replaces that copy when it first sets the job up. Simulated nodes share one
-                        # session directory: in a shared one, node 1 would delete the copy node 0's processes run in.
-                        runtime_env_dir_name=f"runtime_resources_node{index}", **ip,
-                        # the dashboard's Cluster page: not one hostname thrice
-                        node_name=labels[self.topology.host_label],
-                    )
-                    break
-                except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this one
-                    if attempt or "timed out during startup" not in str(e):
-                        raise
-                    how = _raylet_exited(started) or "still not registered"
-                    _stop_started(started)
-                    warn(f"simulated node {index}: its raylet did not register with the GCS ({how}); starting it once "
-                         "more")
+        node = _start_node(f"simulated node {index}", lambda: self.cluster.add_node(
+            num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node if gpus is None else gpus,
+            resources={machine_type: 1}, labels=labels, env_vars=env, object_store_memory=self.object_store_mb * 2**20,
+            # Each machine unpacks a job's working_dir into its own runtime-resources directory, and each node's agent
+            # replaces that copy when it first sets the job up. Simulated nodes share one session directory: in a
+            # shared one, node 1 would delete the copy node 0's processes run in.
+            runtime_env_dir_name=f"runtime_resources_node{index}", **ip,
+            node_name=labels[self.topology.host_label],  # the dashboard's Cluster page: not one hostname thrice
+        ))
         self.workers[index] = node
         return node
 
