@@ -275,6 +275,35 @@ def test_submit_and_logs_through_the_port_forward_with_the_token(authed_head, ca
     assert len(opened) >= 2  # one stream per connection, as kubectl port-forward
 
 
+
+def test_a_submission_waits_for_a_head_whose_job_agent_is_not_up_yet(capsys):
+    """A head's dashboard answers before its job agent is up: Ray's job API then says "No available agent to submit
+    job, please try again later" (a clean-clone CI run lost this module's submission to it). a4ray tries again
+    for a bounded time, and says so once; any other error is the user's at once."""
+    from a4ray.runtime.connect import submit_job
+
+    class Head:
+        def __init__(self, refusals: int, error: str):
+            self.refusals, self.error, self.calls = refusals, error, []
+
+        def submit_job(self, **job):
+            self.calls.append(job)
+            if len(self.calls) <= self.refusals:
+                raise RuntimeError(f"Request failed with status code 500: {self.error}")
+            return job["submission_id"]
+
+    busy = Head(2, "No available agent to submit job, please try again later.")
+    assert submit_job(busy, entrypoint="python x.py", submission_id="hello-1") == "hello-1" and len(busy.calls) == 3
+    assert capsys.readouterr().out.count("the head's job agent is not up yet; trying again for up to 60 s") == 1
+    never = Head(99, "No available agent to submit job, please try again later.")
+    with pytest.raises(RuntimeError, match="No available agent"):
+        submit_job(never, wait_s=1.5, entrypoint="python x.py", submission_id="hello-2")
+    assert 2 <= len(never.calls) <= 4
+    wrong = Head(1, "Job with submission_id hello-3 already exists.")
+    with pytest.raises(RuntimeError, match="already exists"):
+        submit_job(wrong, entrypoint="python x.py", submission_id="hello-3")
+    assert len(wrong.calls) == 1
+
 def test_status_lists_clusters_and_jobs(kube, capsys):
     listing = {"rayclusters": [{"metadata": {"name": "a4", "creationTimestamp": "2026-01-01T00:00:00Z"},
                                 "spec": {"workerGroupSpecs": [{"replicas": 4}]},

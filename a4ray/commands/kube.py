@@ -31,6 +31,7 @@ from a4ray.k8s.render import (
     to_yaml,
 )
 from a4ray.observe import grafana
+from a4ray.runtime.connect import submit_job
 from a4ray.spec.loader import load_job
 
 
@@ -261,8 +262,8 @@ def _status(args: argparse.Namespace) -> int:
 
 def submit_to_cluster(client, entrypoint: list[str], *, name: str) -> str:
     """Submit `entrypoint` through Ray's job API; returns the submission id."""
-    return client.submit_job(entrypoint=shlex.join(entrypoint), submission_id=f"{name}-{int(time.time())}",
-                             metadata={"a4ray": "true", "a4ray.job": name})
+    return submit_job(client, entrypoint=shlex.join(entrypoint), submission_id=f"{name}-{int(time.time())}",
+                      metadata={"a4ray": "true", "a4ray.job": name})
 
 
 @_main

@@ -29,7 +29,7 @@ from a4ray.core.results import Result, dataframe, load_result
 from a4ray.core.rundir import RunDir
 from a4ray.driver import kinds  # noqa: F401 - defines every job's result class, so load_result reads it
 from a4ray.runtime import auth
-from a4ray.runtime.connect import Connection
+from a4ray.runtime.connect import Connection, submit_job
 from a4ray.spec.job import JobSpec
 from a4ray.spec.loader import load_job
 from a4ray.spec.recipes import RecipeJob
@@ -75,8 +75,8 @@ class Run:
         (its `job_name` in the Name column of the dashboard's Jobs page)."""
         (self.root / RECORD).write_text(json.dumps({"id": self.id, "job_api": self.job_api,
                                                     "entrypoint": entrypoint, "submitted_at": time.time()}))
-        self._client().submit_job(entrypoint=entrypoint, submission_id=self.id, runtime_env=runtime_env,
-                                  metadata={**(metadata or {}), "a4ray_run_dir": str(self.root)})
+        submit_job(self._client(), entrypoint=entrypoint, submission_id=self.id, runtime_env=runtime_env,
+                   metadata={**(metadata or {}), "a4ray_run_dir": str(self.root)})
 
     def _job_status(self) -> str | None:
         """The Ray job's status, or None where no job API knows the job (not submitted, cluster gone)."""

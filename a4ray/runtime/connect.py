@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -202,3 +203,24 @@ def connect(address: str | None = None, *, cluster: ClusterSpec | None = None, d
     say(f"cluster: {local.describe()}")
     return Connection(address=local.address, mode="embedded", local=local, dashboard_url=dashboard_url,
                       _owns_ray=True, _undo=undo)
+
+
+AGENT_WAIT_S = 60.0  # how long a submission waits for a head whose job agent is not up yet
+
+
+def submit_job(client, *, wait_s: float = AGENT_WAIT_S, **job) -> str:
+    """`client.submit_job(**job)` (a Ray JobSubmissionClient), tried again for up to `wait_s` while the head answers
+    "No available agent to submit job, please try again later": its dashboard is up, its job agent not yet (a head
+    just started, a loaded machine). Said once; any other error, or the same after `wait_s`, is raised."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            return client.submit_job(**job)
+        except RuntimeError as e:
+            if "No available agent" not in str(e) or time.monotonic() >= deadline:
+                raise
+            if not said:
+                say(f"the head's job agent is not up yet; trying again for up to {wait_s:.0f} s")
+                said = True
+            time.sleep(1.0)
