@@ -233,6 +233,29 @@ def fresh_checkout(tmp_path_factory) -> Path:
     return checkout
 
 
+
+@pytest.fixture(scope="session")
+def standins(tmp_path_factory) -> dict[str, Path]:
+    """The tiny stand-ins (`a4ray.staging.standins.make_all`), made once for the whole run: ~25 s each time on a
+    2-core machine, and identical every time (seeded). Made under a lock in the directory both xdist workers share,
+    so the second worker waits for the first's. Tests of the making itself make their own."""
+    import fcntl
+
+    from a4ray.staging.standins import make_all
+
+    shared = tmp_path_factory.getbasetemp()  # under xdist, its parent is the workers' common pytest-of-<user>/pytest-N
+    shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
+    with open(shared / "standins.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return make_all(shared / "standins")
+
+
+def seed_standins(workspace: Path, made: dict[str, Path]) -> None:
+    """Put the run's stand-ins where a rehearsal in `workspace` makes its own (`.a4ray/standins`, stamp and all): its
+    stage step finds them current and stages them, as on a second rehearsal in one checkout."""
+    source = next(iter(made.values())).parent
+    shutil.copytree(source, workspace / ".a4ray" / "standins", dirs_exist_ok=True)
+
 def free_port() -> int:
     """a4ray's own chooser: below the ephemeral range, where a Ray process's outgoing connection can't take it
     between the test choosing it and its listener binding it (a suite run lost ms-swift's rendezvous so)."""

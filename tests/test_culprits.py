@@ -25,7 +25,6 @@ from a4ray.core.node_history import NodeHistory
 from a4ray.driver.execute import run
 from a4ray.observe.stacks import StackDump, dump, where
 from a4ray.observe.verdicts import HangVerdict
-from a4ray.staging.standins import make_all
 from a4ray.workloads.doctor import Doctor
 
 pytestmark = pytest.mark.slow
@@ -210,11 +209,6 @@ def test_the_retry_says_when_it_cannot_keep_off_the_lost_node(local_cluster, tmp
     assert re.search(r"cannot keep off (\S+) \(.*\): only 2 other node\(s\) fit and the gang needs 3, and nothing "
                      r"can add nodes to a cluster of simulated nodes .*; placing the gang on the nodes there are, "
                      r"that one included", out), out
-
-
-@pytest.fixture(scope="module")
-def standins(tmp_path_factory):
-    return make_all(tmp_path_factory.mktemp("standins"))
 
 
 # Makes node argv[2]'s ranks (of the run whose command holds argv[1]) slower from outside, as a throttled node would

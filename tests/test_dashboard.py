@@ -28,7 +28,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from conftest import PYTHON, REPO, fresh_checkout, isolated_env, local_up
+from conftest import PYTHON, REPO, fresh_checkout, isolated_env, local_up, seed_standins
 
 import a4ray
 from a4ray.observe.grafana import PANELS
@@ -54,10 +54,11 @@ def _get(url: str, token: str, timeout: float = 30) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def dash(tmp_path_factory):
+def dash(tmp_path_factory, standins):
     if not (CHROMIUM and shutil.which("prometheus")):
         pytest.fail("needs Debian's chromium and prometheus: make system-deps")
     checkout = fresh_checkout(tmp_path_factory)
+    seed_standins(checkout, standins)
     env = isolated_env(checkout)
     started = time.time()
     with local_up(checkout, env, "--metrics", ray_client=False) as up:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import PYTHON, REPO, isolated_env
+from conftest import PYTHON, REPO, isolated_env, seed_standins
 from upstream import PAI_DLC_ENV, PAI_RUN_ARGS, pai_standin
 
 from a4ray.driver.main import main as pipeline_main
@@ -61,7 +61,8 @@ def _kill_a_rank_while_a_checkpoint_is_written(save: Path, killed: list, stop: t
         time.sleep(0.005)
 
 
-def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_cluster, monkeypatch, capsys):
+def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_cluster, monkeypatch, capsys, standins):
+    seed_standins(tmp_path, standins)
     save = tmp_path / ".a4ray" / "logs" / "output_megatron_qwen3_next_pretrain" / "checkpoint"
     killed: list[tuple[int, str]] = []
     stop = threading.Event()
@@ -208,11 +209,12 @@ _SHORT = ["--skip", "preflight", "--set", "train.iterations=12", "--set", "train
 
 @pytest.mark.timeout(1200)  # three whole pipeline runs: 460 s in CI, past the suite's 600 s on a busier machine
 def test_local_nodes_4_cancelled_then_resumed_and_3_on_the_session_cluster(tmp_path, local_cluster, monkeypatch,
-                                                                          capsys):
+                                                                          capsys, standins):
     """`--local-nodes N` rehearses on N nodes: the profile derives its expert parallelism (it must divide the
     models' 8 experts) and global batch from N. On 4 nodes, Ctrl-C at an iteration: the record says how far
     train got, and nothing of the stopped ranks is streamed after "stopping"; the rerun resumes and finishes.
     On 3 nodes (the session cluster), from the same staged and converted inputs."""
+    seed_standins(tmp_path, standins)
     cmd = [PYTHON, "-m", "a4ray.qwen3_next", "--local-nodes", "4", *_SHORT]
     env = isolated_env(tmp_path)
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -258,11 +260,12 @@ def test_local_nodes_4_cancelled_then_resumed_and_3_on_the_session_cluster(tmp_p
 
 
 def test_a_converted_checkpoint_that_does_not_fit_the_model_is_refused_before_training(tmp_path, local_cluster,
-                                                                                      monkeypatch):
+                                                                                      monkeypatch, standins):
     """The Qwen3 rehearsal's conversion, then a model config whose experts are wider than the checkpoint's:
     the Megatron trainer refuses it before any iteration, naming each tensor and both shapes."""
     monkeypatch.chdir(tmp_path)
     profile = str(REPO / "jobs" / "qwen3_local.yaml")
+    seed_standins(tmp_path, standins)
     common = ["--config", profile, "--skip", "preflight", "--set", "train.iterations=4", "--set",
               "train.warmup_iterations=1", "--set", "train.save_interval=4"]
     assert pipeline_main("qwen3", [*common, "--result", "r1.json"]) == 0

@@ -26,7 +26,7 @@ from a4ray.staging.layout import MANIFEST, ArtifactPaths, Manifest
 from a4ray.staging.service import get_service
 from a4ray.staging import stager
 from a4ray.staging.stager import unshared_error
-from tests.conftest import PYTHON, REPO
+from tests.conftest import PYTHON, REPO, seed_standins
 from tests.localserver import LocalServer, Repo
 
 SENTINEL = "hf_SENTINEL_b6f1c0ffee_do_not_log"
@@ -362,12 +362,10 @@ def _catch(into: list, fn) -> None:
 
 
 @pytest.mark.slow
-def test_local_job_stages_the_standins_then_caches(local_cluster, tmp_path):
+def test_local_job_stages_the_standins_then_caches(local_cluster, tmp_path, standins):
     """`a4ray stage -f jobs/qwen3_next_local.yaml` (the rehearsal profile of the qwen3_next recipe: its stage
     step only) as a Ray job on the cluster: the tiny Qwen3-Next stand-ins."""
-    from a4ray.staging.standins import make_all
-
-    make_all(tmp_path / ".a4ray" / "standins")
+    seed_standins(tmp_path, standins)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [PYTHON, "-m", "a4ray.cli", "stage", "-f", str(REPO / "jobs" / "qwen3_next_local.yaml"),
            "--address", local_cluster.address]
