@@ -362,8 +362,7 @@ def judge(records: dict[int, dict], missing: dict[int, NoRecord], dumps: list[St
 
     def ended_ranks() -> list[EndedRank]:
         group = m.collective.group if m and m.collective else "0"
-        return [EndedRank(rank=r, node=by_rank[r], exit_code=code, at=when, last=last_done(records.get(r), group))
-                for r, (code, when) in sorted(ended.items())]
+        return [ended_rank(r, by_rank[r], code, when, records.get(r), group) for r, (code, when) in sorted(ended.items())]
 
     def verdict(**fields) -> HangVerdict:
         return HangVerdict(culprits=sorted(named.values(), key=lambda c: c.rank), evidence=evidence,
@@ -482,6 +481,12 @@ def _collective_at(records: dict[int, dict], group: str, seq: int) -> Collective
                     str((e.get("process_group") or [e.get("pg_id", "0")])[0]) == group:
                 return flight.collective(e)
     return None
+
+
+def ended_rank(rank: int, node: NodeRef, code: int, at: float, record: dict | None, group: str = "0") -> EndedRank:
+    """A rank that ended while others of its launch ran, with the last collective of `group` its record (left at
+    exit) shows it completed."""
+    return EndedRank(rank=rank, node=node, exit_code=code, at=at, last=last_done(record, group))
 
 
 def last_done(record: dict | None, group: str) -> Collective | None:

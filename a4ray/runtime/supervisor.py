@@ -28,7 +28,7 @@ from a4ray.observe.goodput import LaunchTimes
 from a4ray.observe.progress import Progress, progress_summary
 from a4ray.observe.stacks import ranges
 from a4ray.observe.straggler import StragglerCheck
-from a4ray.observe.verdicts import Culprit, EndedRank, HangVerdict, NodeRef, Straggler
+from a4ray.observe.verdicts import Culprit, HangVerdict, NodeRef, Straggler
 from a4ray.runtime.deaths import ACTOR_GONE, why_died
 from a4ray.runtime.launch import Launch
 from a4ray.runtime.node_actor import Line, Poll
@@ -447,12 +447,7 @@ class Supervisor:
         by_rank = hang.rank_nodes(self.nodes, self.nproc)
         failed_rank = cause[0]
         echo = next((m.group(0) for line in tail if (m := _ECHO.search(line))), "a peer gone")
-        ended = []
-        for r in left:
-            code, at = self.ended_ranks[r]
-            record = self._exit_record(r)
-            ended.append(EndedRank(rank=r, node=by_rank[r], exit_code=code, at=at,
-                                   last=hang.last_done(record, "0") if record else None))
+        ended = [hang.ended_rank(r, by_rank[r], *self.ended_ranks[r], self._exit_record(r)) for r in left]
         out.hang_verdict = HangVerdict(
             kind="ended", ended=ended, waiting=[failed_rank],
             culprits=[Culprit(rank=e.rank, node=e.node, where=f"ended with exit {e.exit_code}",
