@@ -36,8 +36,11 @@ def ray_config_restored():
 def test_the_token_is_offered_to_this_machine_only_and_taken_back(ray_config_restored, tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "auth_token"))
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    monkeypatch.setattr(auth, "_holds", {})  # as in a process with no local cluster (this one's session cluster holds)
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
     auth.ensure_token()
-    single_machine = ray_constants.ENABLE_RAY_CLUSTER  # False where a local cluster runs in this process
+    single_machine = ray_constants.ENABLE_RAY_CLUSTER
     undo = auth.use_token_for("10.1.2.3:6379")  # another host: never
     assert os.environ.get("RAY_AUTH_MODE") is None
     undo()
@@ -47,3 +50,27 @@ def test_the_token_is_offered_to_this_machine_only_and_taken_back(ray_config_res
         assert ray_constants.ENABLE_RAY_CLUSTER is False  # Ray keeps 127.0.0.1 as it is
         undo()
         assert os.environ.get("RAY_AUTH_MODE") is None and ray_constants.ENABLE_RAY_CLUSTER is single_machine
+
+
+def test_two_local_clusters_in_one_process_keep_token_auth_until_the_last_one_ends(ray_config_restored, tmp_path,
+                                                                                   monkeypatch):
+    """A process that starts local cluster A, then B, then shuts A down (a test module's cluster beside the session's,
+    a notebook's second cluster) still offers B the token: with A's undo putting back what was there before A, this
+    process's next `ray.init` to B waited forever for a GCS that refused it (found when a subset of the suite hung
+    20 minutes in `Node._init_gcs_client`). The setting goes only with the last holder, in any order."""
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "auth_token"))
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    monkeypatch.setattr(auth, "_holds", {})
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    a = [auth.enable_token_auth(), auth.loopback_only()]  # what SimulatedCluster.start takes
+    b = [auth.enable_token_auth(), auth.loopback_only()]
+    for undo in reversed(a):  # A shuts down first
+        undo()
+        undo()  # twice: a release counts once
+    assert os.environ["RAY_AUTH_MODE"] == "token" and is_token_auth_enabled()
+    assert ray_constants.ENABLE_RAY_CLUSTER is False
+    for undo in reversed(b):
+        undo()
+    assert os.environ.get("RAY_AUTH_MODE") is None and not is_token_auth_enabled()
+    assert ray_constants.ENABLE_RAY_CLUSTER is True and "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ

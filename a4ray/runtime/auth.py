@@ -22,6 +22,7 @@ import ipaddress
 import os
 import secrets
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -76,40 +77,52 @@ def ensure_token() -> str:
 Undo = Callable[[], None]
 
 
-def _set_env(name: str, value: str | None) -> Undo:
-    """Set (None: unset) an environment variable of this process; returns what puts it back."""
-    before = os.environ.get(name)
+_holds: dict[str, list] = {}  # env var -> [holders, its value before the first hold]
+_holds_lock = threading.Lock()
 
-    def undo() -> None:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
 
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-    return undo
+def _hold_env(name: str, value: str, applied: Callable[[], None] = lambda: None) -> Undo:
+    """Set this process's environment variable `name` to `value` for as long as anything holds it; returns the
+    release. The first hold saves what was there and the last release puts it back, in whatever order the holders
+    go: two local clusters in one process (a notebook's and a test's), the first shut down first, must not take
+    the setting from the second while it runs. `applied()` runs after the variable is set and after it is put
+    back (Ray caches some of what it reads)."""
+    with _holds_lock:
+        if name not in _holds:
+            _holds[name] = [0, os.environ.get(name)]
+        _holds[name][0] += 1
+        if _holds[name][0] == 1 or os.environ.get(name) != value:  # (set again where something else changed it)
+            os.environ[name] = value
+            applied()
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        with _holds_lock:
+            if released:
+                return
+            released = True
+            _holds[name][0] -= 1
+            if _holds[name][0] == 0:
+                before = _holds.pop(name)[1]
+                if before is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = before
+                applied()
+
+    return release
 
 
 def enable_token_auth() -> Undo:
     """Token authentication on for this process and every process it starts (a local cluster's head and nodes,
-    their workers and job drivers), until the returned undo: after it, this process no longer offers the
-    token to clusters it connects to later (another host's must never get it). An explicit
-    RAY_AUTH_MODE=disabled is overridden: a4ray's local clusters always authenticate (an open Jobs API is
-    remote code execution for whoever reaches it)."""
+    their workers and job drivers), until the returned undo (the last one, where several hold it): after it,
+    this process no longer offers the token to clusters it connects to later (another host's must never get
+    it). An explicit RAY_AUTH_MODE=disabled is overridden: a4ray's local clusters always authenticate (an open
+    Jobs API is remote code execution for whoever reaches it)."""
     ensure_token()
-    if os.environ.get(AUTH_MODE_ENV) == "token":
-        return lambda: None
-    restore = _set_env(AUTH_MODE_ENV, "token")
-    Config.initialize("")  # Ray caches its config; this process must see token mode too (as ray.init does)
-
-    def undo() -> None:
-        restore()
-        Config.initialize("")
-
-    return undo
+    # Ray caches its config; this process must see token mode too (as ray.init does)
+    return _hold_env(AUTH_MODE_ENV, "token", applied=lambda: Config.initialize(""))
 
 
 def use_token_for(address: str | None) -> Undo:
@@ -142,16 +155,11 @@ def is_loopback(address: str) -> bool:
 
 def loopback_only() -> Undo:
     """Ray in this process and every process it starts keeps 127.0.0.1 as it is (single-machine Ray), until
-    the returned undo."""
-    before = ray_constants.ENABLE_RAY_CLUSTER
-    restore = _set_env(_SINGLE_MACHINE_ENV, "0")
-    ray_constants.ENABLE_RAY_CLUSTER = False  # read when Ray resolves this machine's address
+    the returned undo (the last one, where several hold it)."""
+    def applied() -> None:  # read when Ray resolves this machine's address
+        ray_constants.ENABLE_RAY_CLUSTER = ray_constants.env_bool(_SINGLE_MACHINE_ENV, not ray_constants.IS_WINDOWS_OR_OSX)
 
-    def undo() -> None:
-        restore()
-        ray_constants.ENABLE_RAY_CLUSTER = before
-
-    return undo
+    return _hold_env(_SINGLE_MACHINE_ENV, "0", applied)
 
 
 def submit_hint(dashboard_url: str) -> str:
