@@ -1,4 +1,5 @@
-"""Ports a4ray listens on: one chooser for the rendezvous, the dashboard's agent, Prometheus and the tests.
+"""Ports a4ray listens on: one chooser for the rendezvous, the dashboard's agent, Prometheus and the tests; and
+one wait for what listens on them to answer (`wait_http`).
 
 A port asked of the kernel (bind to 0) comes from the ephemeral range, the same range the kernel hands to
 every outgoing connection: between choosing it and listening on it, a busy node's Ray processes may take it
@@ -10,6 +11,9 @@ from __future__ import annotations
 
 import random
 import socket
+import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 LOW = 20000
@@ -40,3 +44,22 @@ def free_port(host: str = "") -> int:
         if is_free(port, host):
             return port
     raise OSError(f"no free port in {LOW}-{high} on {socket.gethostname()}: close listeners or widen the range")
+
+
+def wait_http(url: str, within_s: float, *, still: Callable[[], bool] = lambda: True) -> str | None:
+    """Ask `url` every 0.5 s until it answers 200, `within_s` has passed, or `still()` says its server is gone.
+    Returns None once it answered, else why not (the last error)."""
+    deadline = time.monotonic() + within_s
+    why = "not asked"
+    while still():
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                if reply.status == 200:
+                    return None
+                why = f"HTTP {reply.status}"
+        except OSError as e:
+            why = str(e)
+        if time.monotonic() >= deadline:
+            return why
+        time.sleep(0.5)
+    return "its server is gone"

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 from a4ray.core import ports
@@ -77,19 +75,12 @@ class LocalPrometheus:
                 [binary, f"--config.file={config}", f"--storage.tsdb.path={root / 'data'}",
                  f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1d"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                tail = self.log.read_text(errors="replace").splitlines()[-5:]
-                raise A4RayError(f"Prometheus exited with code {self.process.returncode}: " + " | ".join(tail),
-                                 hint=f"its log: {self.log}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
+        if ports.wait_http(f"{self.url}/-/ready", timeout_s, still=lambda: self.process.poll() is None) is None:
+            return
+        if self.process.poll() is not None:
+            tail = self.log.read_text(errors="replace").splitlines()[-5:]
+            raise A4RayError(f"Prometheus exited with code {self.process.returncode}: " + " | ".join(tail),
+                             hint=f"its log: {self.log}")
         self.stop()
         raise A4RayError(f"Prometheus did not become ready on {self.url} in {timeout_s:g}s",
                          hint=f"its log: {self.log}")

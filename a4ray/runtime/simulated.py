@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from a4ray.core import ports
@@ -398,17 +397,9 @@ class SimulatedCluster:
         """Jobs are submitted through the head's dashboard to its agent, which comes up after the dashboard (Ray
         answers "No available agent to submit job" meanwhile): wait until the agent answers KubeRay's readiness
         probe (`/api/local_raylet_healthz` on its port), as a RayCluster's head pod is ready only then."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{self.host}:{port}/api/local_raylet_healthz", timeout=2):
-                    return
-            except OSError as e:
-                if time.monotonic() >= deadline:
-                    warn(f"the head's dashboard agent did not answer within {wait_s:.0f} s ({e}); job submissions "
-                         "wait for it")
-                    return
-                time.sleep(0.5)
+        why = ports.wait_http(f"http://{self.host}:{port}/api/local_raylet_healthz", wait_s)
+        if why is not None:
+            warn(f"the head's dashboard agent did not answer within {wait_s:.0f} s ({why}); job submissions wait for it")
 
     def add_node(self, index: int | None = None, *, machine_type: str | None = None, gpus: int | None = None,
                  env: dict[str, str] | None = None):
