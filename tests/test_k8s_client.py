@@ -279,30 +279,66 @@ def test_submit_and_logs_through_the_port_forward_with_the_token(authed_head, ca
 def test_a_submission_waits_for_a_head_whose_job_agent_is_not_up_yet(capsys):
     """A head's dashboard answers before its job agent is up: Ray's job API then says "No available agent to submit
     job, please try again later" (a clean-clone CI run lost this module's submission to it). a4ray tries again
-    for a bounded time, and says so once; any other error is the user's at once."""
+    for a bounded time, and says so once; any other error is the user's at once.
+
+    Ray's own JobSubmissionClient against a local endpoint that answers as Ray 2.60's job head does while its
+    agent is not up (dashboard/modules/job/job_head.py, `submit_job`: HTTP 500 with that text; /api/version as the
+    client checks it first): no Ray head can be held in that state on purpose."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import ray
+    from ray.job_submission import JobSubmissionClient
+
     from a4ray.runtime.connect import submit_job
 
-    class Head:
-        def __init__(self, refusals: int, error: str):
-            self.refusals, self.error, self.calls = refusals, error, []
+    answers: list[tuple[int, str]] = []  # what the next POST /api/jobs/ gets; then 200
+    posts: list[dict] = []
 
-        def submit_job(self, **job):
-            self.calls.append(job)
-            if len(self.calls) <= self.refusals:
-                raise RuntimeError(f"Request failed with status code 500: {self.error}")
-            return job["submission_id"]
+    class Head(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
 
-    busy = Head(2, "No available agent to submit job, please try again later.")
-    assert submit_job(busy, entrypoint="python x.py", submission_id="hello-1") == "hello-1" and len(busy.calls) == 3
-    assert capsys.readouterr().out.count("the head's job agent is not up yet; trying again for up to 60 s") == 1
-    never = Head(99, "No available agent to submit job, please try again later.")
-    with pytest.raises(RuntimeError, match="No available agent"):
-        submit_job(never, wait_s=1.5, entrypoint="python x.py", submission_id="hello-2")
-    assert 2 <= len(never.calls) <= 4
-    wrong = Head(1, "Job with submission_id hello-3 already exists.")
-    with pytest.raises(RuntimeError, match="already exists"):
-        submit_job(wrong, entrypoint="python x.py", submission_id="hello-3")
-    assert len(wrong.calls) == 1
+        def _reply(self, status: int, body: str, kind: str = "application/json"):
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body.encode())))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def do_GET(self):
+            self._reply(200, json.dumps({"version": "4", "ray_version": ray.__version__, "ray_commit": "x"}))
+
+        def do_POST(self):
+            posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            if answers:
+                self._reply(*answers.pop(0), kind="text/plain")
+            else:
+                sid = posts[-1]["submission_id"]
+                self._reply(200, json.dumps({"job_id": sid, "submission_id": sid}))
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Head)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    not_up = (500, "No available agent to submit job, please try again later.")
+    try:
+        client = JobSubmissionClient(f"http://127.0.0.1:{server.server_port}")
+        answers[:] = [not_up, not_up]
+        assert submit_job(client, entrypoint="python x.py", submission_id="hello-1") == "hello-1" and len(posts) == 3
+        assert capsys.readouterr().out.count("the head's job agent is not up yet; trying again for up to 60 s") == 1
+        posts.clear()
+        answers[:] = [not_up] * 99
+        with pytest.raises(RuntimeError, match="No available agent"):
+            submit_job(client, wait_s=1.5, entrypoint="python x.py", submission_id="hello-2")
+        assert 2 <= len(posts) <= 4
+        posts.clear()
+        answers[:] = [(400, "Job with submission_id hello-3 already exists. Please use a different submission_id.")]
+        with pytest.raises(RuntimeError, match="already exists"):
+            submit_job(client, entrypoint="python x.py", submission_id="hello-3")
+        assert len(posts) == 1
+    finally:
+        server.shutdown()
+
 
 def test_status_lists_clusters_and_jobs(kube, capsys):
     listing = {"rayclusters": [{"metadata": {"name": "a4", "creationTimestamp": "2026-01-01T00:00:00Z"},
