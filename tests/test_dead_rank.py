@@ -83,3 +83,25 @@ def test_a_sigkill_is_put_down_to_the_oom_killer_only_when_the_kernel_counted_on
     assert oom.why(1) is None and oom.why(-15) is None
     oom.path = None  # no cgroup v2 memory controller here: nothing to go on
     assert oom.why(-9) is None
+
+
+def test_a_killed_rank_that_printed_nothing_is_a_cause_not_the_echo_of_its_own_peers():
+    """A rank SIGKILLed prints nothing; the other ranks of its node fail with gloo's "Connection reset by peer", about
+    it. Its node's report is a cause, whatever those peers said; another node whose reported rank failed with those
+    words is the echo. Before, the killed rank's node was judged by all its ranks' lines, and a verdict that heard
+    the other node first waited 3 s (_ECHO_WAIT_S) for a cause it already had."""
+    from a4ray.runtime.ranks import FAILURE_HEADER
+    from a4ray.runtime.supervisor import Outcome, Supervisor
+
+    def report(rank: int, local: int, code: int) -> list[str]:
+        return [FAILURE_HEADER, "Root Cause (first observed failure):", "  time      : 2026-11-29_04:13:08",
+                "  host      : vm", f"  rank      : {rank} (local_rank: {local})", f"  exitcode  : {code}"]
+
+    reset = "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:5274: Connection reset by peer."
+    closed = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:65171."
+    supervisor = Supervisor.__new__(Supervisor)  # only what _echo reads: the nodes' and the ranks' last lines
+    supervisor.outcome = Outcome()
+    supervisor.outcome.tails = {0: [reset, *report(1, 1, -9)], 1: [closed, *report(2, 0, 1)]}
+    supervisor.rank_tails = {(0, 0): [reset], (1, 0): [closed]}
+    assert not supervisor._echo(0)
+    assert supervisor._echo(1)

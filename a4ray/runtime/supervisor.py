@@ -373,11 +373,14 @@ class Supervisor:
                                                                 f"{failed} after it"))
 
     def _echo(self, rank: int) -> bool:
-        """Node `rank`'s failed rank ended with the words of a peer gone (gloo's "Connection closed by peer", ...)."""
+        """Node `rank`'s failed rank ended with the words of a peer gone (gloo's "Connection closed by peer", ...). Only
+        that rank's own lines count, where its launcher named it: its node's other ranks may be echoing it (a rank
+        SIGKILLed prints nothing, and its local peers' "Connection reset by peer" is about it)."""
         tail = self.outcome.tails.get(rank, [])
         cause = root_cause(tail)
-        lines = self.rank_tails.get((rank, cause[1]), []) if cause else tail
-        return any(_ECHO.search(line) for line in lines or tail)
+        if cause is None:
+            return any(_ECHO.search(line) for line in tail)
+        return any(_ECHO.search(line) for line in self.rank_tails.get((rank, cause[1]), []))
 
     def _catch_up(self, ranks: list[int], wait_s: float) -> None:
         """The lines these nodes have printed by now, or within `wait_s` (their launchers' word on ranks that ended
