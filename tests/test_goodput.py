@@ -158,7 +158,8 @@ def test_the_time_line_draws_one_bar_per_attempt():
 def test_a_real_run_whose_rank_is_killed_accounts_for_its_time(local_cluster, tmp_path, capfd):
     """2 nodes x 1 rank; rank 1 SIGKILLs itself after iteration 5 of attempt 0 (checkpoint 4): the gang is restarted,
     resumes after 4 and finishes; result.json's goodput adds up to the wall time and counts iteration 5 twice. No
-    node is to blame for a killed rank: the restart relaunches on the same gang, placed once."""
+    node is to blame for a killed rank: the restart relaunches on the same gang, placed once, on the ranks each node
+    started with the first attempt (warm: the very processes, which became the ranks when the restart came)."""
     state = tmp_path / "state.json"
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "command.torchrun=true",
                "restart.max_restarts=1", "restart.backoff_s=0", "cluster.stop_grace_s=2",
@@ -167,6 +168,10 @@ def test_a_real_run_whose_rank_is_killed_accounts_for_its_time(local_cluster, tm
     assert result.ok and result.gang.attempt == 1, result.verdict
     out = capfd.readouterr().out
     assert "attempt 1/1: relaunching on the same gang" in out and len(re.findall(r"gang \S+: .* placed in", out)) == 1
+    assert re.search(r"launch \S+-r1: ranks warm on every node", out), out
+    for log in tmp_path.rglob("node-*.log"):
+        text = log.read_text()
+        assert text.count("# ranks warm: the launch runs on the launcher started with the last attempt") == 1, log
     g = result.goodput
     assert math.isclose(sum(g.buckets.values()), g.wall_s, rel_tol=0.01)
     [incident] = g.incidents
@@ -178,3 +183,20 @@ def test_a_real_run_whose_rank_is_killed_accounts_for_its_time(local_cluster, tm
     assert g.buckets["unproductive_checkpoint_save_time"] > 0 and 0 < g.goodput < 1
     [record] = list(tmp_path.rglob("result.json"))
     assert find(json.loads(record.read_text())) == g == a4ray.goodput(record.parent)  # the record, the API
+
+
+def test_the_next_attempts_warm_ranks_end_with_a_run_that_succeeds(local_cluster, tmp_path):
+    """A run that may be restarted starts the next attempt's ranks warm on every node; when it succeeds instead, they
+    end with it: no process of the run is left, the warm ones included."""
+    from test_gang import assert_no_leftovers
+
+    state = tmp_path / "state.json"
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "command.torchrun=true",
+               "restart.max_restarts=1", "restart.backoff_s=0", "cluster.stop_grace_s=2",
+               f"command.argv=[{PROGRAM}, {state}, '3', '0.1', '2', '0', '99', '1']", workspace=tmp_path)
+    result = run(spec)
+    assert result.ok and result.gang.attempt == 0, result.verdict
+    logs = list(tmp_path.rglob("node-*.log"))
+    assert len(logs) == 2 and all("# the next attempt's launcher stands by, its ranks warm: pid " in log.read_text()
+                                  for log in logs)
+    assert_no_leftovers(result.gang.launch_id.rsplit("-r", 1)[0])

@@ -4,6 +4,7 @@ across two "nodes" (two launchers), the first failure named in torchrun's form a
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -107,3 +108,128 @@ def test_a_stop_while_the_node_exits_keeps_the_failed_ranks_code():
         time.sleep(0.0005)
     proc.communicate(timeout=30)
     assert proc.returncode == 7
+
+
+# ------------------------------------------------------------------------------------------ warm ranks
+def procs(output: str) -> dict[int, list[str]]:
+    """{pid: [__name__, argv0, CPU class, session nice, A4RAY_PROBE, cwd]} from the probes' PROC lines."""
+    found = {}
+    for line in output.splitlines():
+        if "]:PROC " in line:
+            pid, *rest = line.split("PROC ", 1)[1].split()
+            found[int(pid)] = rest
+    return found
+
+
+def warm_ranks(proc: subprocess.Popen, n: int) -> list[psutil.Process]:
+    """The launcher's n rank processes once each has started (before any launch was handed to them)."""
+    deadline = time.monotonic() + 30
+    children: list[psutil.Process] = []
+    while len(children) < n and time.monotonic() < deadline:
+        children = psutil.Process(proc.pid).children()
+        time.sleep(0.05)
+    assert len(children) == n, children
+    return children
+
+
+def idle_class_available() -> bool:
+    """Whether this process may go to the idle CPU class and back (as a warm rank does where it can)."""
+    from a4ray.runtime.warm import _idle_class_returns
+
+    return _idle_class_returns()
+
+
+def test_warm_ranks_become_the_launch_handed_to_them(tmp_path):
+    """Two nodes' launchers stand by with their ranks warm (started for restart 0, on one port), then are handed
+    restart 1 on another port with an env of its own: the very processes started before become the ranks, with
+    torchrun's env for the launch handed over (not the one they started with), run the script as `python SCRIPT`
+    would (__main__, its argv, its cwd), rendezvous and all-reduce. While they wait they take only idle CPU (the idle
+    class and a session nice of 19, where the kernel allows); the launch gets them back at the normal ones."""
+    from a4ray.runtime.ranks import warm_argv
+
+    old_port, new_port = free_port(), free_port()
+    launchers = [subprocess.Popen(warm_argv(launcher("a4ray", r, 2, 2, old_port)), cwd=REPO, text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  start_new_session=True) for r in range(2)]
+    warm = {r: warm_ranks(p, 2) for r, p in enumerate(launchers)}
+    if idle_class_available():  # each goes idle first thing, then imports torch
+        deadline = time.monotonic() + 20
+        while {os.sched_getscheduler(r.pid) for node in warm.values() for r in node} != {os.SCHED_IDLE}:
+            assert time.monotonic() < deadline, "the warm ranks did not take the idle class"
+            time.sleep(0.05)
+    for r, proc in enumerate(launchers):
+        argv = launcher("a4ray", r, 2, 2, new_port)
+        argv[argv.index("--grace-s=2")] = "--restart-count=1"
+        env = {**os.environ, "A4RAY_PROBE": "handed"}
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps({"argv": argv[3:], "env": env}) + "\n")
+        proc.stdin.close()
+    outs = [p.stdout.read() for p in launchers]  # type: ignore[union-attr]
+    for p, out in zip(launchers, outs):
+        assert p.wait(timeout=120) == 0, out
+    ranks = {k: v for out in outs for k, v in envs(out).items()}
+    assert sorted(ranks) == ["0", "1", "2", "3"]
+    assert {(e["MASTER_PORT"], e["TORCHELASTIC_RESTART_COUNT"]) for e in ranks.values()} == {(str(new_port), "1")}
+    ran = {pid: what for out in outs for pid, what in procs(out).items()}
+    assert sorted(ran) == sorted(r.pid for node in warm.values() for r in node)  # the warm processes, no others
+    for name, argv0, policy, nice, probe, cwd in ran.values():
+        assert (name, argv0, int(policy), probe, cwd) == ("__main__", PROBE, os.SCHED_OTHER, "handed", str(REPO))
+        assert nice in ("0", "-")
+    assert sum(out.count("all_reduce ok on rank") for out in outs) == 4
+
+
+def test_a_warm_launcher_ends_with_its_ranks_when_no_launch_comes():
+    """EOF on its stdin (its node actor gone) or SIGTERM (the node's stop): the launcher and its warm ranks end."""
+    from a4ray.runtime.ranks import warm_argv
+
+    for end in ("eof", "sigterm"):
+        proc = subprocess.Popen(warm_argv(launcher("a4ray", 0, 1, 2, free_port())), cwd=REPO, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        children = warm_ranks(proc, 2)
+        assert proc.stdin is not None
+        if end == "eof":
+            proc.stdin.close()
+        else:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, end
+
+
+def test_a_warm_launcher_fits_only_a_launch_that_differs_in_what_each_launch_sets():
+    from a4ray.runtime.ranks import warm_argv, warm_mismatch
+
+    this = launcher("a4ray", 0, 2, 2, 1000)
+    standby = warm_argv(this)
+    assert warm_mismatch(standby, launcher("a4ray", 0, 2, 2, 2000) + []) is None  # another master port
+    restart = this[:3] + ["--restart-count=1", "--run-id=x-r1"] + this[3:]
+    assert warm_mismatch(standby, restart) is None
+    assert warm_mismatch(standby, launcher("a4ray", 0, 2, 4, 1000)) == "the launch differs in --nproc"
+    assert warm_mismatch(standby, launcher("a4ray", 1, 2, 2, 1000)) == "the launch differs in --node-rank"
+    assert warm_mismatch(standby, [*this, "--extra"]) == "the launch differs in its program or arguments"
+    assert warm_mismatch(standby, ["/other/python", *this[1:]]) == f"the interpreter is /other/python, not {this[0]}"
+    assert warm_mismatch(standby, launcher("torchrun", 0, 2, 2, 1000)) == "not a4ray's rank launcher"
+
+
+def test_a_standby_names_the_variables_that_differ_never_their_values():
+    """The node actor starts a restart cold where its env differs from the standby's in anything but what each
+    launch sets anew (the attempt, the master port, the flight recorder's paths): it says which variables, and no
+    value (a token changed between attempts must not reach the node log)."""
+    from a4ray.runtime.node_actor import PER_LAUNCH_VARS, _Standby
+    from a4ray.runtime.process import ManagedProcess
+
+    argv = launcher("a4ray", 0, 2, 2, 1000)
+    env = {"PATH": "/usr/bin", "A4RAY_ATTEMPT": "0", "MASTER_PORT": "1000", "HF_TOKEN": "hf_secret_one"}
+    standby = _Standby(argv, env, "/work")
+    standby.process = ManagedProcess(["sleep", "30"], env={}, cwd=None, launch_id="t", on_line=lambda _: None)
+    standby.process.start()
+    try:
+        same = {**env, "A4RAY_ATTEMPT": "1", "MASTER_PORT": "2000"}
+        assert standby.mismatch(argv, same, "/work", PER_LAUNCH_VARS) is None
+        why = standby.mismatch(argv, {**same, "HF_TOKEN": "hf_secret_two", "NEW": "1"}, "/work", PER_LAUNCH_VARS)
+        assert why == "the env differs in HF_TOKEN, NEW" and "secret" not in why
+        assert standby.mismatch(argv, same, "/elsewhere", PER_LAUNCH_VARS) == \
+            "the working directory is /elsewhere, not /work"
+    finally:
+        standby.process.terminate(grace_s=1)
+    assert standby.mismatch(argv, same, "/work", PER_LAUNCH_VARS).startswith("the warm launcher had ended")

@@ -270,6 +270,7 @@ class Gang:
                 attempt=self.attempt, metric_tags={"job": self.spec.name, "run": self.run_id},
                 seq_length=self.spec.observe.seq_length,
                 flight_recorder=self.spec.observe.watchdog.enabled and self.spec.observe.watchdog.flight_recorder,
+                warm_next=self.spec.restart.warm_ranks and self.attempt < self.spec.restart.max_restarts,
             )
             for rank, launch in enumerate(launches)
         ]
@@ -287,6 +288,11 @@ class Gang:
                 pass  # its first poll finds the actor gone: "node N was lost", and the restart policy decides
         say("\n".join(summarize_reports([info.env_report for info in infos.values()], [members[r] for r in infos],
                                          log_dir)))
+        starts = {info.ranks for info in infos.values() if info.ranks}
+        if starts:
+            say(f"launch {launch_id}: ranks warm on every node (started with the last attempt)" if starts == {"warm"}
+                else f"launch {launch_id}: " + "; ".join(f"n{members[r]} ranks {info.ranks}"
+                                                         for r, info in infos.items() if info.ranks))
         if nodes is not None or any(launch.standby for launch in launches):
             say(f"launch {launch_id}: nodes {members}" + "".join(
                 f"; n{members[r]} standby" for r, launch in enumerate(launches) if launch.standby))

@@ -10,6 +10,12 @@ no command is a *standby*: the node builds its env and waits. While a launch (or
 `exec_*` runs further commands on demand in that same env, each in its own session with its own reaper
 and streamed output: this is how an MPI launcher on node 0 starts OpenMPI's daemons on the other nodes
 without SSH (see `a4ray.runtime.rsh`). `stop()` ends the launch and every exec'd command with it.
+
+Warm ranks: as it starts an attempt that may be restarted, the actor starts the launcher of the next attempt with
+its ranks warm (`a4ray.runtime.ranks --warm`: torch imported at the idle CPU class, waiting). A restart on this gang hands it the attempt's command and env, instead of starting cold, where nothing a
+process reads at its start differs (`_Standby.mismatch`); else it is stopped and the attempt starts cold, saying
+why. `stop()` leaves it standing: it is what the next attempt runs on. It ends with a launch that succeeded, and
+with the actor (its reaper).
 """
 
 from __future__ import annotations
@@ -43,8 +49,9 @@ from a4ray.programs.record import (  # what a4ray's rank programs print and serv
     FR_SOCKET_DIR_ENV,
     RESULT_MARKER,
 )
+from a4ray.runtime import ranks
 from a4ray.runtime.netenv import EnvLayer, build_env, gib_layer, source_script
-from a4ray.runtime.process import ManagedProcess, launch_processes
+from a4ray.runtime.process import LAUNCH_ID_VAR, ManagedProcess, launch_processes
 from a4ray.runtime.reaper import flight_recorder_pipes, make_flight_recorder_pipes, sweep_flight_recorder_pipes
 from a4ray.runtime.topology import NodeFacts
 from a4ray.spec.cluster import NetworkSpec
@@ -93,6 +100,7 @@ class LaunchRequest(BaseModel):
     metric_tags: dict[str, str] = {}  # job, run: every metric of this launch carries them
     seq_length: int | None = None
     flight_recorder: bool = False
+    warm_next: bool = False  # another attempt may follow: start its launcher, ranks warm, with this one
 
 
 class Poll(BaseModel):
@@ -107,6 +115,7 @@ class LaunchInfo(BaseModel):
     env_report: list[str]
     log_file: str
     pid: int  # -1 for a standby
+    ranks: str | None = None  # where a warm launcher stood by: "warm", or "cold: <why>"
 
 
 class NodeRun(BaseModel):
@@ -170,6 +179,61 @@ class _Exec:
         self.output = output
 
 
+_HELD_LINES = 200  # what a warm launcher may print before its launch (an import's warnings), kept for that launch
+
+
+class _Standby:
+    """The launcher of the next attempt with its ranks warm, started from the attempt that is training: its command,
+    env and working directory, its process, and what it printed before a launch took it over."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str | None):
+        self.argv, self.env, self.cwd = argv, env, cwd
+        self.process: ManagedProcess | None = None
+        self.held: list[str] = []
+        self.on_line: Callable[[str], None] | None = None  # set when a launch takes it over
+        self.on_exit: Callable[[], None] | None = None
+        self.on_settle: Callable[[], None] | None = None
+        self.lock = threading.Lock()
+
+    def line(self, raw: str) -> None:
+        with self.lock:
+            if self.on_line is None:
+                self.held = [*self.held, raw][-_HELD_LINES:]
+                return
+        self.on_line(raw)
+
+    def ended(self) -> None:
+        if self.on_exit is not None:
+            self.on_exit()
+
+    def settle(self) -> None:
+        if self.on_settle is not None:
+            self.on_settle()
+
+    def mismatch(self, argv: list[str], env: dict[str, str], cwd: str | None, per_launch: set[str]) -> str | None:
+        """Why this standby cannot be the launch (argv, env, cwd); None where it can. Only what is set anew for each
+        launch and read by a rank at its use may differ: the launcher's PER_LAUNCH_ARGS, and `per_launch` of the
+        env. Variables are named, never their values."""
+        if self.process is None or not self.process.running:
+            code = self.process.returncode if self.process is not None else None
+            return f"the warm launcher had ended (exit code {code})"
+        why = ranks.warm_mismatch(self.argv, argv)
+        if why:
+            return why
+        if (cwd or None) != (self.cwd or None):
+            return f"the working directory is {cwd}, not {self.cwd}"
+        differ = sorted(k for k in set(env) | set(self.env) if k not in per_launch and env.get(k) != self.env.get(k))
+        return f"the env differs in {', '.join(differ)}" if differ else None
+
+    def take(self, on_line: Callable[[str], None], on_exit: Callable[[], None], on_settle: Callable[[], None]) -> None:
+        """From now on its lines and its end are the launch's; what it printed before goes first."""
+        with self.lock:
+            held, self.held = self.held, []
+            for raw in held:
+                on_line(raw)
+            self.on_line, self.on_exit, self.on_settle = on_line, on_exit, on_settle
+
+
 class NodeActor:
     def __init__(self, identity: NodeIdentity | None = None) -> None:
         self._identity = identity
@@ -185,6 +249,8 @@ class NodeActor:
         self._env: dict[str, str] | None = None  # the current launch's env, for exec requests
         self._execs: dict[int, _Exec] = {}
         self._exec_lock = threading.Lock()
+        self._next: _Standby | None = None  # the next attempt's launcher, ranks warm
+        self._next_lock = threading.Lock()
         self._priority = _take_node_priority()  # None, or why this node's commands run at lower priority
         _actor_log_not_forwarded()
         sweep_flight_recorder_pipes()  # what node actors killed here before left in /tmp
@@ -291,20 +357,76 @@ class NodeActor:
             self._standby.set()
             return LaunchInfo(env_report=report, log_file=str(node_log), pid=-1)
         self._node_log.write(f"# argv {self._redactor.text(shlex.join(request.argv))}\n")
-        self._process = ManagedProcess(
-            request.argv, env=launch_env.env, cwd=request.cwd or None, launch_id=request.launch_id,
-            on_line=self._on_line, grace_s=request.grace_s, on_exit=self._launch_ended,
-            settle=lambda: self._note(gpu_memory_freed(_node_gpus())),
-        )
-        self._process.start()
+        self._process, ranks_start = self._warm_start(request, launch_env.env)
+        if self._process is None:
+            self._process = ManagedProcess(
+                request.argv, env=launch_env.env, cwd=request.cwd or None, launch_id=request.launch_id,
+                on_line=self._on_line, grace_s=request.grace_s, on_exit=self._launch_ended, settle=self._settle,
+            )
+            self._process.start()
+        if request.warm_next and ranks.launcher_args(request.argv) is not None:
+            self._stand_by(request, launch_env.env)
         report += [f"note: {self._priority}"] if self._priority else []
-        return LaunchInfo(env_report=report, log_file=str(node_log), pid=self._process.pid or -1)
+        return LaunchInfo(env_report=report, log_file=str(node_log), pid=self._process.pid or -1, ranks=ranks_start)
+
+    def _settle(self) -> None:
+        self._note(gpu_memory_freed(_node_gpus()))
+
+    def _warm_start(self, request: LaunchRequest, env: dict[str, str]) -> tuple[ManagedProcess | None, str | None]:
+        """The launch on the standing-by launcher, its ranks warm, where it can be that launch, and "warm"; else
+        None (start it cold) and why (None where no launcher stood by). The node log says which."""
+        with self._next_lock:
+            standby, self._next = self._next, None
+        if standby is None:
+            return None, None
+        why = standby.mismatch(request.argv, env, request.cwd, PER_LAUNCH_VARS)
+        process = standby.process
+        assert process is not None
+        if why is None:
+            standby.take(self._on_line, self._launch_ended, self._settle)
+            launch = json.dumps({"argv": request.argv[3:], "env": {**env, LAUNCH_ID_VAR: process.launch_id}})
+            if process.send(launch):
+                process.started_at = time.time()
+                self._note("ranks warm: the launch runs on the launcher started with the last attempt (its ranks "
+                           "importing torch since)")
+                return process, "warm"
+            why = "the warm launcher had ended"
+        self._note(f"ranks cold: {why}")
+        threading.Thread(target=process.terminate, daemon=True).start()
+        return None, f"cold: {why}"
+
+    def _stand_by(self, request: LaunchRequest, env: dict[str, str]) -> None:
+        """Start the next attempt's launcher with its ranks warm, from launch `request`'s command and env. Its ranks
+        import at the idle CPU class (`a4ray.runtime.warm`): this attempt's start and steps keep the CPU."""
+        with self._next_lock:
+            if self._next is not None:
+                return
+            # Named for the attempt it stands by for, as `ps e` shows its processes (the hand-over sets both anyway)
+            env = {**env, "A4RAY_ATTEMPT": str(request.attempt + 1)}
+            argv = [f"--restart-count={request.attempt + 1}" if a.startswith("--restart-count=") else a
+                    for a in ranks.warm_argv(request.argv)]
+            standby = _Standby(argv, env, request.cwd)
+            standby.process = ManagedProcess(
+                standby.argv, env=env, cwd=request.cwd or None, launch_id=f"{request.launch_id}-next",
+                on_line=standby.line, grace_s=request.grace_s, on_exit=standby.ended, settle=standby.settle,
+                stdin=True)
+            standby.process.start()
+            self._next = standby
+        self._note(f"the next attempt's launcher stands by, its ranks warm: pid {standby.process.pid}")
+
+    def _end_standby(self) -> None:
+        with self._next_lock:
+            standby, self._next = self._next, None
+        if standby is not None and standby.process is not None:
+            standby.process.terminate()
 
     def _launch_ended(self) -> None:
         """The command has ended and its last line is in: its flight-recorder pipes go (before the supervisor
         hears of the end, which may end the gang and this actor; the launch's reaper is the backstop)."""
         if self._request is not None:
             shutil.rmtree(flight_recorder_pipes(self._request.launch_id), ignore_errors=True)
+        if self._process is not None and self._process.returncode == 0 and not self._process.stopped:
+            threading.Thread(target=self._end_standby, daemon=True).start()  # no attempt will follow a success
         self._output.wake()
 
     def _reset(self, request: LaunchRequest) -> None:
@@ -662,6 +784,11 @@ def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
         FR_SOCKET_DIR_ENV: str(pipes),  # a4ray's programs serve their record there (rank_<RANK>.sock)
     }
 
+
+# What a launch sets anew for each attempt and a rank reads only when it uses it (the process group, a dump, its exit):
+# a warm rank takes them at the hand-over. Any other difference in the env makes the next attempt a cold one.
+PER_LAUNCH_VARS = {"A4RAY_ATTEMPT", "MASTER_PORT", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE", flight.EXIT_DUMP_ENV,
+                   FR_SOCKET_DIR_ENV}
 
 # A variable set under either name is the user's choice.
 _FR_OLD_NAMES = {"TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",

@@ -86,7 +86,8 @@ class ManagedProcess:
 
     def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str | None, launch_id: str,
                  on_line: Callable[[str], None], grace_s: float = 10.0,
-                 on_exit: Callable[[], None] | None = None, settle: Callable[[], None] | None = None):
+                 on_exit: Callable[[], None] | None = None, settle: Callable[[], None] | None = None,
+                 stdin: bool = False):
         self.argv = argv
         self.env = {**env, LAUNCH_ID_VAR: launch_id}
         self.cwd = cwd
@@ -95,6 +96,7 @@ class ManagedProcess:
         self._on_line = on_line
         self._on_exit = on_exit  # called once the command has ended and every line was handed to on_line
         self._settle = settle  # called after the command has exited, before it counts as ended (GPU memory freed)
+        self._stdin = stdin  # a pipe that `send` writes once, else /dev/null
         self._proc: subprocess.Popen | None = None
         self._reaper: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
@@ -110,7 +112,7 @@ class ManagedProcess:
 
     def start(self) -> None:
         self._proc = subprocess.Popen(
-            self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+            self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.PIPE if self._stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.started_at = time.time()
@@ -124,6 +126,17 @@ class ManagedProcess:
         self._reader = threading.Thread(target=self._read, name="a4ray-output", daemon=True)
         self._reader.start()
         threading.Thread(target=self._watch, name="a4ray-exit", daemon=True).start()
+
+    def send(self, line: str) -> bool:
+        """Write `line` to the command's stdin and close it (the command was started with `stdin=True`). False
+        where the command is gone."""
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(line.encode() + b"\n")
+            self._proc.stdin.close()
+            return True
+        except (BrokenPipeError, ValueError):
+            return False
 
     def _read(self) -> None:
         assert self._proc and self._proc.stdout

@@ -25,17 +25,26 @@ The process is the truth, output is only output:
 
 Rank 0 hosts the TCPStore on MASTER_PORT (env:// without an agent store).
 
+With `--warm` the launcher stands by for the next attempt of its node (the node actor starts it while an attempt
+trains): its ranks are `a4ray.runtime.warm` processes that import torch and wait. One JSON line on its stdin, the
+attempt's own launcher argv and env, makes it that attempt's launcher: each rank is handed torchrun's env for it and
+the target, and from then on it is the launcher above. EOF or SIGTERM before that ends it and its ranks.
+
 Usage (built by a4ray.workloads.torchrun, never by hand):
     python -m a4ray.runtime.ranks --nnodes N --node-rank R --nproc P --master-addr A --master-port M
-        [--run-id ID] [--restart-count K] [--grace-s S] -- (SCRIPT | -m MODULE) [ARGS...]
+        [--run-id ID] [--restart-count K] [--grace-s S] [--warm] -- (SCRIPT | -m MODULE) [ARGS...]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import io
+import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -54,6 +63,10 @@ FAILURE_HEADER = "a4ray.runtime.ranks: a rank failed; the node's other ranks are
 # may wait for it in a collective it will never join). Parsed by `ended_rank`.
 ENDED_MARKER = "a4ray.runtime.ranks: rank ended early:"
 _PR_SET_CHILD_SUBREAPER = 36
+MODULE = "a4ray.runtime.ranks"
+# What the gang sets anew for each launch, which a rank reads only when it uses it (after its start): a warm rank
+# takes it at the hand-over. Any other difference in the launcher's arguments makes the next attempt a cold one.
+PER_LAUNCH_ARGS = ("master_port", "run_id", "restart_count", "warm")
 
 
 def global_rank(args: argparse.Namespace, local_rank: int) -> int:
@@ -172,14 +185,55 @@ class Node:
         self.oom = OomKills()
 
     def start(self) -> None:
-        argv = [sys.executable, "-u", *self.args.target]
+        """Start the node's ranks: the target itself, or with --warm `a4ray.runtime.warm` processes that wait for
+        it (`hand_over`)."""
+        warm = self.args.warm
+        argv = [sys.executable, "-u", *(["-m", "a4ray.runtime.warm"] if warm else self.args.target)]
         base = dict(os.environ)
         for local_rank in range(self.args.nproc):
-            proc = subprocess.Popen(argv, env=rank_env(self.args, local_rank, base), stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(argv, env=rank_env(self.args, local_rank, base),
+                                    stdin=subprocess.PIPE if warm else subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             relay = threading.Thread(target=self._relay, args=(local_rank, proc), daemon=True)
             relay.start()
             self.ranks.append(Rank(local_rank, proc, relay))
+
+    def await_launch(self) -> tuple[list[str], dict[str, str]] | None:
+        """(the launcher argv, the env) of the attempt a warm node stood by for, read from stdin; None once told to
+        stop, at EOF, or when a warm rank has ended (the node cannot be the attempt: it goes cold)."""
+        pending = b""
+        while not self.stopping:
+            for rank in self.ranks:
+                if rank.check():
+                    print(f"a4ray.runtime.ranks: warm rank {rank.local_rank} ended with exit code {rank.code} before "
+                          "its launch", flush=True)
+                    return None
+            if not select.select([sys.stdin], [], [], MONITOR_INTERVAL_S)[0]:
+                continue
+            chunk = os.read(sys.stdin.fileno(), 1 << 20)
+            if not chunk:
+                return None
+            pending += chunk
+            if pending.endswith(b"\n"):
+                go = json.loads(pending)
+                return go["argv"], go["env"]
+        return None
+
+    def hand_over(self, args: argparse.Namespace, env: dict[str, str]) -> None:
+        """Make the warm ranks the ranks of the launch `args` with launch env `env`: one line to each, its env as
+        torchrun's agent gives it, the working directory and the target."""
+        self.args = args
+        os.environ.clear()
+        os.environ.update(env)
+        for rank in self.ranks:
+            line = json.dumps({"env": rank_env(args, rank.local_rank, env), "cwd": os.getcwd(),
+                               "target": args.target}) + "\n"
+            assert rank.proc.stdin is not None
+            try:
+                rank.proc.stdin.write(line.encode())
+                rank.proc.stdin.close()
+            except BrokenPipeError:  # it ended meanwhile: the wait reports it as the attempt's failure
+                pass
 
     def _relay(self, local_rank: int, proc: subprocess.Popen) -> None:
         prefix = f"[{ROLE}{local_rank}]:".encode()
@@ -322,6 +376,36 @@ def ended_rank(line: str) -> tuple[int, int, int, float] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3)), float(m.group(4))) if m else None
 
 
+def launcher_args(argv: list[str]) -> argparse.Namespace | None:
+    """The arguments of a launch's command if it is this launcher's (`<python> -m a4ray.runtime.ranks ...`)."""
+    if argv[1:3] != ["-m", MODULE]:
+        return None
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage is for a person at a prompt
+            return parse(argv[3:])
+    except SystemExit:
+        return None
+
+
+def warm_argv(argv: list[str]) -> list[str]:
+    """The command of a launcher that stands by for the next attempt of the launch `argv`."""
+    cut = argv.index("--")
+    return [*argv[:cut], "--warm", *argv[cut:]]
+
+
+def warm_mismatch(standby: list[str], launch: list[str]) -> str | None:
+    """Why the warm launcher `standby` cannot be the launch `launch` (None: it can): the launchers' arguments, less
+    those set anew for each launch (PER_LAUNCH_ARGS), and the interpreter must be the same."""
+    ours, theirs = launcher_args(standby), launcher_args(launch)
+    if ours is None or theirs is None:
+        return "not a4ray's rank launcher"
+    if standby[0] != launch[0]:
+        return f"the interpreter is {launch[0]}, not {standby[0]}"
+    differ = [k for k, v in vars(ours).items() if k not in PER_LAUNCH_ARGS and vars(theirs).get(k) != v]
+    words = ["its program or arguments" if k == "target" else "--" + k.replace("_", "-") for k in differ]
+    return f"the launch differs in {', '.join(words)}" if differ else None
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m a4ray.runtime.ranks")
     p.add_argument("--nnodes", type=int, required=True)
@@ -332,6 +416,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--run-id", default="none")
     p.add_argument("--restart-count", type=int, default=0)
     p.add_argument("--grace-s", type=float, default=10.0)
+    p.add_argument("--warm", action="store_true", help="stand by for the next attempt: ranks warm, the launch on stdin")
     p.add_argument("target", nargs=argparse.REMAINDER, help="SCRIPT [ARGS] or -m MODULE [ARGS], after --")
     args = p.parse_args(argv)
     args.target = args.target[1:] if args.target[:1] == ["--"] else args.target
@@ -347,6 +432,12 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, node.on_signal)
     signal.signal(signal.SIGINT, node.on_signal)
     node.start()
+    if node.args.warm:
+        launch = node.await_launch()
+        if launch is None:
+            node.stop()
+            return 0
+        node.hand_over(parse(launch[0]), launch[1])
     code = node.wait()
     # The node's exit code is its first failed rank's: a stop that comes while this process exits (the gang is
     # stopped on its report) must not end it by SIGTERM. Python restores the default action of the signals it

@@ -85,6 +85,9 @@ class RestartSpec(Spec):
 
     max_restarts: Integer = Field(0, ge=0, le=1000)
     backoff_s: NonNegativeSeconds = 10
+    warm_ranks: bool = Field(True, description="while an attempt trains, start the next attempt's ranks on each node "
+                             "(torch imported, at the idle CPU class) so that a restart on the same gang skips their "
+                             "cold start")
     retry_exit_codes: list[ExitCode] = Field(default_factory=list, description="always retried")
     never_exit_codes: list[ExitCode] = Field(default_factory=lambda: [2], description="never retried (2: usage error)")
     retry_patterns: list[str] = Field(default_factory=lambda: list(RETRY_PATTERNS))

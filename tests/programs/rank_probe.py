@@ -18,6 +18,14 @@ p.add_argument("--fail-rank", type=int, default=-1)
 p.add_argument("--code", type=int, default=3)
 args = p.parse_args()
 print("ENV " + json.dumps({k: os.environ.get(k) for k in CONTRACT}), flush=True)
+try:
+    with open("/proc/self/autogroup") as f:
+        autogroup = f.read().split()[-1]
+except OSError:
+    autogroup = "-"
+# who runs this: its pid, how Python ran it, its CPU class and its session's nice (a warm rank must have left its own)
+print(f"PROC {os.getpid()} {__name__} {sys.argv[0]} {os.sched_getscheduler(0)} {autogroup} "
+      f"{os.environ.get('A4RAY_PROBE', '-')} {os.getcwd()}", flush=True)
 if args.fail_rank >= 0:
     if int(os.environ["RANK"]) == args.fail_rank:
         sys.exit(args.code)
