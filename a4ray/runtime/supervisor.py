@@ -49,6 +49,9 @@ _AFTER_END_S = (3.0, 15.0, 60.0)
 # A peer's failure that is the echo of a rank that left: gloo's, NCCL's and the socket's words for it.
 _ANALYSIS_WAIT_S = 60.0  # how long the end of a launch waits for torch's analyzer to write its part of the report
 _ECHO_WAIT_S = 3.0  # a failure in a peer-gone's words: how long the rank that left has to be seen
+# how often the nodes are asked meanwhile: a poll answers at once with news, else after this, and the wait asks
+# every node (a slower one held the rank that left's word back by half a second)
+_ECHO_POLL_S = 0.1
 _ECHO = re.compile(r"Connection (closed|reset) by peer|remote process exited|ncclRemoteError|Broken pipe|"
                    r"socket closed|recvBytes failed|peer closed")
 # torch's own lines that a blocked rank prints every second, which say nothing about the run's progress.
@@ -360,7 +363,7 @@ class Supervisor:
             # exited. Its end (its launcher's line, its node's settle) or a failure of its own is the cause.
             deadline = time.monotonic() + _ECHO_WAIT_S
             while not self.ended_ranks and time.monotonic() < deadline:
-                self._catch_up([rank, *others], 0.5)
+                self._catch_up([rank, *others], _ECHO_POLL_S)
                 if first := next((p for p in others if self._rank_failed(p) and not self._echo(p)), None):
                     rank, failed = first, f"node {self.members[first]} ({self.wheres[first]}) reported it"
                     break
