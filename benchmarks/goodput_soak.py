@@ -15,7 +15,8 @@ faults     sigkill    rank 1 SIGKILLed
            node       the node of rank 1 lost: a4ray and Ray Train lose a simulated Ray node (its raylet and every
                       process on it; a spare node is there to take its place); torchrun loses its node's loop and
                       everything under it, and a new loop is started at once (a recreated pod, at no cost)
-Every fault is injected once the run passes an iteration drawn from --seed, the same for every launcher. The program
+Every fault is injected once the run passes an iteration drawn from --seed, the same for every launcher, and has
+trained --settle-s (then at the first iteration as far past a checkpoint as the drawn one). The program
 (rank 0) records each iteration's own step time and when it ended; each rank its pid at start. Per fault:
 detection = the fault -> every process of the faulted ranks gone; recovery = that -> the first iteration of the new
 processes; lost work = the iterations redone (the fault's iteration - the checkpoint resumed from) x the step time;
@@ -184,20 +185,29 @@ def step_time(work: Path) -> float | None:
 
 
 class Fault(threading.Thread):
-    """Injects `kind` into rank VICTIM once rank 0 has passed iteration `at`, then times what follows."""
+    """Injects `kind` into rank VICTIM once rank 0 has passed iteration `at` and the run has trained `settle_s` since
+    its first iteration (then at the first iteration past both that is `at`'s place between checkpoints, so that
+    every launcher redoes as many iterations), then times what follows."""
 
-    def __init__(self, kind: str, at: int, work: Path, lose_node, done: threading.Event):
+    def __init__(self, kind: str, at: int, every: int, settle_s: float, work: Path, lose_node, done: threading.Event):
         super().__init__(daemon=True)
-        self.kind, self.at, self.work, self.lose_node, self.done = kind, at, work, lose_node, done
+        self.kind, self.at, self.every, self.settle_s = kind, at, every, settle_s
+        self.work, self.lose_node, self.done = work, lose_node, done
         self.figures: dict[str, float | int | None] = {}
         self.victim: int | None = None
 
+    def due(self, seen: list[tuple[float, int, int, float]]) -> bool:
+        if not seen:
+            return False
+        it = seen[-1][1]
+        return (it >= self.at and seen[-1][0] - seen[0][0] >= self.settle_s
+                and (it - self.at) % self.every == 0)
+
     def run(self) -> None:
         while not self.done.is_set():
-            seen = progress(self.work)
-            if seen and seen[-1][1] >= self.at:
+            if self.due(progress(self.work)):
                 break
-            time.sleep(0.01)
+            time.sleep(0.005)
         else:
             return
         ranks = incarnation(self.work)
@@ -261,7 +271,8 @@ class Soak:
         program = work / "train.py"
         program.write_text(PROGRAM)
         done = threading.Event()
-        injector = Fault(fault, at, work, lambda pid: self.lose_node(launcher, pid), done) if fault else None
+        injector = Fault(fault, at, self.args.every, self.args.settle_s, work, lambda pid: self.lose_node(launcher, pid),
+                         done) if fault else None
         self.loops: dict[int, subprocess.Popen] = {}
         if injector:
             injector.start()
@@ -413,6 +424,9 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=5, help="checkpoint interval, iterations")
     parser.add_argument("--size", type=int, default=0, help="matmul size (default: 384 on CPU, 8192 on GPUs)")
     parser.add_argument("--save-s", type=float, default=0.2, help="a checkpoint save's blocking time")
+    parser.add_argument("--settle-s", type=float, default=0, help="no fault before the run has trained this long: a "
+                        "fault comes hours into a run, and what a launcher does with that time (a4ray: the next "
+                        "attempt's ranks warm) counts")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="ranks a node (default: 2 on CPU, 1 on GPUs)")
     parser.add_argument("--cpus-per-node", type=int, default=4)
     parser.add_argument("--pg-timeout-s", type=float, default=60, help="the program's process-group timeout")

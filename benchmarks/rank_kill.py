@@ -47,10 +47,10 @@ def trainers(save: Path, **env: str) -> list[psutil.Process]:
     return found
 
 
-def kill(save: Path, when: str, out: dict) -> None:
+def kill(save: Path, when: str, rank: int, out: dict) -> None:
     victim = None
     while victim is None or not (save / "iter_0000010" / "metadata.json").is_file():
-        victims = trainers(save, RANK="1", A4RAY_ATTEMPT="0")
+        victims = trainers(save, RANK=str(rank), A4RAY_ATTEMPT="0")
         victim = victims[0] if victims else None
         time.sleep(0.02)
     if when == "during":
@@ -69,6 +69,7 @@ def main() -> int:
     p.add_argument("--when", choices=("after", "during"), default="after")
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--gpus-per-node", type=int, default=2)
+    p.add_argument("--victim", type=int, default=1, help="the rank killed (0 where the run has one rank)")
     p.add_argument("--dir", help="work directory (default: a temporary one); a second run in it reuses the staging")
     p.add_argument("extra", nargs="*", help="more arguments for the rehearsal, after --")
     args = p.parse_args()
@@ -80,7 +81,7 @@ def main() -> int:
            str(args.gpus_per_node), "--set", "restart.max_restarts=1", "--set", "restart.backoff_s=0",
            "--set", f"train.output={output}", "--result", str(work / f"{args.when}.json"), *args.extra]
     times: dict = {}
-    killer = threading.Thread(target=kill, args=(save, args.when, times), daemon=True)
+    killer = threading.Thread(target=kill, args=(save, args.when, args.victim, times), daemon=True)
     killer.start()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(REPO) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -115,7 +116,7 @@ def main() -> int:
     gpus = sorted({s.split("# ", 1)[1] for f in (work / ".a4ray").glob("runs/*/logs/train/node-*.log")
                    for s in f.read_text().splitlines() if s.startswith("# GPUs")})
     figures = {
-        "killed": f"rank 1, {'while writing ' + times['writing'] if args.when == 'during' else 'after iteration 10 was saved'}",
+        "killed": f"rank {args.victim}, {'while writing ' + times['writing'] if args.when == 'during' else 'after iteration 10 was saved'}",
         "kill -> death seen (the gang stopping)": seen and round(seen - t_kill, 2),
         "the stop's line": seen_line,
         "kill -> every trainer process of the attempt gone": round(times["gone"] - t_kill, 2),
@@ -123,6 +124,8 @@ def main() -> int:
         "kill -> first iteration after resume": step and round(step - t_kill, 2),
         "cold start: the train step's first gang placed -> its first iteration": cold and train_started and round(cold - train_started, 2),
         "resumed": resumed_line, "first iteration after resume": step_line, "skipped": skipped,
+        "the restart's ranks": first(r"a4ray: launch \S+: .*ranks (warm|cold)", t_kill)[1],
+        "goodput": first(r"a4ray: goodput ", t_kill)[1],
         "nodes' GPU memory after each stop": gpus,
         "result": json.loads((work / f"{args.when}.json").read_text())["steps"][-1].get("detail", "")
         if (work / f"{args.when}.json").is_file() else None,
