@@ -108,7 +108,7 @@ def main() -> int:
     seen, seen_line = first(r"a4ray: stopping \d+ node\(s\): ", t_kill)
     placed, _ = first(r"a4ray: gang .* placed in", seen or t_kill)
     resumed, resumed_line = first(r"a4ray\.mcore: resuming from checkpoint iteration", placed or t_kill)
-    step, step_line = first(r"a4ray: progress: iteration \d+/", placed or t_kill)
+    step, step_line = first(r"\] iteration +11/", placed or t_kill)  # Megatron's line: the progress summary may be late
     cold, _ = first(r"a4ray: progress: iteration \d+/", started)
     placements = [t for t, s in lines if cold and t <= cold and re.search(r"a4ray: gang .* placed in", s)]
     train_started = placements[-1] if placements else None  # the train step's first gang
