@@ -29,6 +29,9 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import a4ray  # noqa: E402
 
 
 def trainers(save: Path, **env: str) -> list[psutil.Process]:
@@ -58,7 +61,7 @@ def kill(save: Path, when: str, rank: int, out: dict) -> None:
             time.sleep(0.002)
         out["writing"] = writing[0]
     victim.kill()
-    out["killed"] = time.monotonic()
+    out["killed"], out["killed_at"] = time.monotonic(), time.time()
     while trainers(save, A4RAY_ATTEMPT="0"):
         time.sleep(0.02)
     out["gone"] = time.monotonic()
@@ -108,7 +111,11 @@ def main() -> int:
     seen, seen_line = first(r"a4ray: stopping \d+ node\(s\): ", t_kill)
     placed, _ = first(r"a4ray: gang .* placed in", seen or t_kill)
     resumed, resumed_line = first(r"a4ray\.mcore: resuming from checkpoint iteration", placed or t_kill)
-    step, step_line = first(r"\] iteration +11/", placed or t_kill)  # Megatron's line: the progress summary may be late
+    step, step_line = first(r"a4ray: progress: iteration (1[1-9]|[2-9]\d)/", placed or t_kill)  # the first summary after
+    # the resume; the run's own record has the first iteration itself
+    records = sorted((work / ".a4ray" / "runs").glob("*/result.json"), key=lambda f: f.stat().st_mtime)
+    incidents = a4ray.goodput(records[-1].parent).incidents if records else []
+    first_at = incidents[0].first_iteration_at if incidents else None
     cold, _ = first(r"a4ray: progress: iteration \d+/", started)
     placements = [t for t, s in lines if cold and t <= cold and re.search(r"a4ray: gang .* placed in", s)]
     train_started = placements[-1] if placements else None  # the train step's first gang
@@ -121,7 +128,8 @@ def main() -> int:
         "the stop's line": seen_line,
         "kill -> every trainer process of the attempt gone": round(times["gone"] - t_kill, 2),
         "kill -> new gang placed": placed and round(placed - t_kill, 2),
-        "kill -> first iteration after resume": step and round(step - t_kill, 2),
+        "kill -> first iteration after resume (the run's record)": first_at and round(first_at - times["killed_at"], 2),
+        "kill -> first progress summary after resume": step and round(step - t_kill, 2),
         "cold start: the train step's first gang placed -> its first iteration": cold and train_started and round(cold - train_started, 2),
         "resumed": resumed_line, "first iteration after resume": step_line, "skipped": skipped,
         "the restart's ranks": first(r"a4ray: launch \S+: .*ranks (warm|cold)", t_kill)[1],
