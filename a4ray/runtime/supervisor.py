@@ -357,13 +357,14 @@ class Supervisor:
         it, it is the launch's failure."""
         failed = f"node {self.members[rank]} ({self.wheres[rank]}) {how}"
         others = [p for p in peers if p != rank]
-        self._catch_up(others, 0.0)
-        if self._echo(rank) and not self.ended_ranks:
+        gone = self._catch_up(others, 0.0)
+        if self._echo(rank) and not self.ended_ranks and not gone:
             # The words of a peer gone: a rank that left cleanly fails its gloo peers before its own process has
-            # exited. Its end (its launcher's line, its node's settle) or a failure of its own is the cause.
+            # exited. Its end (its launcher's line, its node's settle) or a failure of its own is the cause; or a
+            # node that is gone, whose actor's poll fails once Ray knows (then the lost node is the cause).
             deadline = time.monotonic() + _ECHO_WAIT_S
-            while not self.ended_ranks and time.monotonic() < deadline:
-                self._catch_up([rank, *others], _ECHO_POLL_S)
+            while not self.ended_ranks and not gone and time.monotonic() < deadline:
+                gone = self._catch_up([rank, *others], _ECHO_POLL_S)
                 if first := next((p for p in others if self._rank_failed(p) and not self._echo(p)), None):
                     rank, failed = first, f"node {self.members[first]} ({self.wheres[first]}) reported it"
                     break
@@ -385,19 +386,24 @@ class Supervisor:
             return any(_ECHO.search(line) for line in tail)
         return any(_ECHO.search(line) for line in self.rank_tails.get((rank, cause[1]), []))
 
-    def _catch_up(self, ranks: list[int], wait_s: float) -> None:
+    def _catch_up(self, ranks: list[int], wait_s: float) -> list[int]:
         """The lines these nodes have printed by now, or within `wait_s` (their launchers' word on ranks that ended
-        among them)."""
+        among them). Returns the nodes whose actor Ray says is gone (judged by _lost_among)."""
         refs = {self.actors[r].poll.remote(self.cursors[r], wait_s): r for r in ranks}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s + 5)
+        gone = []
         for ref in ready:
             try:
                 poll = ray.get(ref)
+            except ACTOR_GONE:
+                gone.append(refs[ref])
+                continue
             except Exception:  # noqa: BLE001 - a node that cannot answer now is judged by _lost_among
                 continue
             self._emit(refs[ref], poll)
             if not poll.running and poll.exit_code == 0:  # its ranks all ended well
                 self._node_ended(refs[ref])
+        return gone
 
     def _lost_among(self, ranks: list[int]) -> tuple[int, str] | None:
         """The first of `ranks` whose node actor is gone, with Ray's word on why. When a node dies, its peers'
