@@ -111,8 +111,8 @@ def main() -> int:
     seen, seen_line = first(r"a4ray: stopping \d+ node\(s\): ", t_kill)
     placed, _ = first(r"a4ray: gang .* placed in", seen or t_kill)
     resumed, resumed_line = first(r"a4ray\.mcore: resuming from checkpoint iteration", placed or t_kill)
-    step, step_line = first(r"a4ray: progress: iteration (1[1-9]|[2-9]\d)/", placed or t_kill)  # the first summary after
-    # the resume; the run's own record has the first iteration itself
+    # the first progress summary after the resume; the run's own record has the first iteration itself
+    step, step_line = first(r"a4ray: progress: iteration (1[1-9]|[2-9]\d)/", placed or t_kill)
     records = sorted((work / ".a4ray" / "runs").glob("*/result.json"), key=lambda f: f.stat().st_mtime)
     incidents = a4ray.goodput(records[-1].parent).incidents if records else []
     first_at = incidents[0].first_iteration_at if incidents else None
@@ -128,10 +128,11 @@ def main() -> int:
         "the stop's line": seen_line,
         "kill -> every trainer process of the attempt gone": round(times["gone"] - t_kill, 2),
         "kill -> new gang placed": placed and round(placed - t_kill, 2),
-        "kill -> first iteration after resume (the run's record)": first_at and round(first_at - times["killed_at"], 2),
+        "kill -> first iteration after resume (the run's record)":
+            first_at and round(first_at - times["killed_at"], 2),
         "kill -> first progress summary after resume": step and round(step - t_kill, 2),
         "cold start: the train step's first gang placed -> its first iteration": cold and train_started and round(cold - train_started, 2),
-        "resumed": resumed_line, "first iteration after resume": step_line, "skipped": skipped,
+        "resumed": resumed_line, "first progress summary after resume": step_line, "skipped": skipped,
         "the restart's ranks": first(r"a4ray: launch \S+: .*ranks (warm|cold)", t_kill)[1],
         "goodput": first(r"a4ray: goodput ", t_kill)[1],
         "nodes' GPU memory after each stop": gpus,

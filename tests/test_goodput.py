@@ -155,16 +155,21 @@ def test_the_time_line_draws_one_bar_per_attempt():
     matplotlib.pyplot.close("all")
 
 
+def restartable(tmp_path, *args: str):
+    """A command job of PROGRAM (its ITERATIONS STEP_S SAVE_EVERY SAVE_S KILL_AT VICTIM: `args`) on 2 nodes x 1 rank,
+    restarted once at most, at once."""
+    argv = ", ".join([PROGRAM, str(tmp_path / "state.json"), *(f"'{a}'" for a in args)])
+    return job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "command.torchrun=true",
+               "restart.max_restarts=1", "restart.backoff_s=0", "cluster.stop_grace_s=2", f"command.argv=[{argv}]",
+               workspace=tmp_path)
+
+
 def test_a_real_run_whose_rank_is_killed_accounts_for_its_time(local_cluster, tmp_path, capfd):
     """2 nodes x 1 rank; rank 1 SIGKILLs itself after iteration 5 of attempt 0 (checkpoint 4): the gang is restarted,
     resumes after 4 and finishes; result.json's goodput adds up to the wall time and counts iteration 5 twice. No
     node is to blame for a killed rank: the restart relaunches on the same gang, placed once, on the ranks each node
     started with the first attempt (warm: the very processes, which became the ranks when the restart came)."""
-    state = tmp_path / "state.json"
-    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "command.torchrun=true",
-               "restart.max_restarts=1", "restart.backoff_s=0", "cluster.stop_grace_s=2",
-               f"command.argv=[{PROGRAM}, {state}, '8', '0.2', '2', '0.1', '5', '1']", workspace=tmp_path)
-    result = run(spec)
+    result = run(restartable(tmp_path, "8", "0.2", "2", "0.1", "5", "1"))
     assert result.ok and result.gang.attempt == 1, result.verdict
     out = capfd.readouterr().out
     assert "attempt 1/1: relaunching on the same gang" in out and len(re.findall(r"gang \S+: .* placed in", out)) == 1
@@ -190,11 +195,7 @@ def test_the_next_attempts_warm_ranks_end_with_a_run_that_succeeds(local_cluster
     end with it: no process of the run is left, the warm ones included."""
     from test_gang import assert_no_leftovers
 
-    state = tmp_path / "state.json"
-    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "command.torchrun=true",
-               "restart.max_restarts=1", "restart.backoff_s=0", "cluster.stop_grace_s=2",
-               f"command.argv=[{PROGRAM}, {state}, '3', '0.1', '2', '0', '99', '1']", workspace=tmp_path)
-    result = run(spec)
+    result = run(restartable(tmp_path, "3", "0.1", "2", "0", "99", "1"))
     assert result.ok and result.gang.attempt == 0, result.verdict
     logs = list(tmp_path.rglob("node-*.log"))
     assert len(logs) == 2 and all("# the next attempt's launcher stands by, its ranks warm: pid " in log.read_text()

@@ -201,7 +201,7 @@ def test_a_warm_launcher_fits_only_a_launch_that_differs_in_what_each_launch_set
 
     this = launcher("a4ray", 0, 2, 2, 1000)
     standby = warm_argv(this)
-    assert warm_mismatch(standby, launcher("a4ray", 0, 2, 2, 2000) + []) is None  # another master port
+    assert warm_mismatch(standby, launcher("a4ray", 0, 2, 2, 2000)) is None  # another master port
     restart = this[:3] + ["--restart-count=1", "--run-id=x-r1"] + this[3:]
     assert warm_mismatch(standby, restart) is None
     assert warm_mismatch(standby, launcher("a4ray", 0, 2, 4, 1000)) == "the launch differs in --nproc"
@@ -215,7 +215,7 @@ def test_a_standby_names_the_variables_that_differ_never_their_values():
     """The node actor starts a restart cold where its env differs from the standby's in anything but what each
     launch sets anew (the attempt, the master port, the flight recorder's paths): it says which variables, and no
     value (a token changed between attempts must not reach the node log)."""
-    from a4ray.runtime.node_actor import PER_LAUNCH_VARS, _Standby
+    from a4ray.runtime.node_actor import _Standby
     from a4ray.runtime.process import ManagedProcess
 
     argv = launcher("a4ray", 0, 2, 2, 1000)
@@ -225,11 +225,11 @@ def test_a_standby_names_the_variables_that_differ_never_their_values():
     standby.process.start()
     try:
         same = {**env, "A4RAY_ATTEMPT": "1", "MASTER_PORT": "2000"}
-        assert standby.mismatch(argv, same, "/work", PER_LAUNCH_VARS) is None
-        why = standby.mismatch(argv, {**same, "HF_TOKEN": "hf_secret_two", "NEW": "1"}, "/work", PER_LAUNCH_VARS)
+        assert standby.mismatch(argv, same, "/work") is None
+        why = standby.mismatch(argv, {**same, "HF_TOKEN": "hf_secret_two", "NEW": "1"}, "/work")
         assert why == "the env differs in HF_TOKEN, NEW" and "secret" not in why
-        assert standby.mismatch(argv, same, "/elsewhere", PER_LAUNCH_VARS) == \
+        assert standby.mismatch(argv, same, "/elsewhere") == \
             "the working directory is /elsewhere, not /work"
     finally:
         standby.process.terminate(grace_s=1)
-    assert standby.mismatch(argv, same, "/work", PER_LAUNCH_VARS).startswith("the warm launcher had ended")
+    assert standby.mismatch(argv, same, "/work").startswith("the warm launcher had ended")

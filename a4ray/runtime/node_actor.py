@@ -12,9 +12,9 @@ and streamed output: this is how an MPI launcher on node 0 starts OpenMPI's daem
 without SSH (see `a4ray.runtime.rsh`). `stop()` ends the launch and every exec'd command with it.
 
 Warm ranks: as it starts an attempt that may be restarted, the actor starts the launcher of the next attempt with
-its ranks warm (`a4ray.runtime.ranks --warm`: torch imported at the idle CPU class, waiting). A restart on this gang hands it the attempt's command and env, instead of starting cold, where nothing a
-process reads at its start differs (`_Standby.mismatch`); else it is stopped and the attempt starts cold, saying
-why. `stop()` leaves it standing: it is what the next attempt runs on. It ends with a launch that succeeded, and
+its ranks warm (`a4ray.runtime.ranks --warm`: torch imported at the idle CPU class, waiting). A restart on this gang
+hands it the attempt's command and env, instead of starting cold, where nothing a process reads at its start differs
+(`_Standby.mismatch`); else it is stopped and the attempt starts cold, saying why. `stop()` leaves it standing: it is what the next attempt runs on. It ends with a launch that succeeded, and
 with the actor (its reaper).
 """
 
@@ -189,7 +189,7 @@ class _Standby:
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str | None):
         self.argv, self.env, self.cwd = argv, env, cwd
         self.process: ManagedProcess | None = None
-        self.held: list[str] = []
+        self.held: collections.deque[str] = collections.deque(maxlen=_HELD_LINES)
         self.on_line: Callable[[str], None] | None = None  # set when a launch takes it over
         self.on_exit: Callable[[], None] | None = None
         self.on_settle: Callable[[], None] | None = None
@@ -198,7 +198,7 @@ class _Standby:
     def line(self, raw: str) -> None:
         with self.lock:
             if self.on_line is None:
-                self.held = [*self.held, raw][-_HELD_LINES:]
+                self.held.append(raw)
                 return
         self.on_line(raw)
 
@@ -210,9 +210,9 @@ class _Standby:
         if self.on_settle is not None:
             self.on_settle()
 
-    def mismatch(self, argv: list[str], env: dict[str, str], cwd: str | None, per_launch: set[str]) -> str | None:
+    def mismatch(self, argv: list[str], env: dict[str, str], cwd: str | None) -> str | None:
         """Why this standby cannot be the launch (argv, env, cwd); None where it can. Only what is set anew for each
-        launch and read by a rank at its use may differ: the launcher's PER_LAUNCH_ARGS, and `per_launch` of the
+        launch and read by a rank at its use may differ: the launcher's PER_LAUNCH_ARGS, and PER_LAUNCH_VARS of the
         env. Variables are named, never their values."""
         if self.process is None or not self.process.running:
             code = self.process.returncode if self.process is not None else None
@@ -222,15 +222,14 @@ class _Standby:
             return why
         if (cwd or None) != (self.cwd or None):
             return f"the working directory is {cwd}, not {self.cwd}"
-        differ = sorted(k for k in set(env) | set(self.env) if k not in per_launch and env.get(k) != self.env.get(k))
+        differ = sorted(k for k in set(env) | set(self.env) if k not in PER_LAUNCH_VARS and env.get(k) != self.env.get(k))
         return f"the env differs in {', '.join(differ)}" if differ else None
 
     def take(self, on_line: Callable[[str], None], on_exit: Callable[[], None], on_settle: Callable[[], None]) -> None:
         """From now on its lines and its end are the launch's; what it printed before goes first."""
         with self.lock:
-            held, self.held = self.held, []
-            for raw in held:
-                on_line(raw)
+            while self.held:
+                on_line(self.held.popleft())
             self.on_line, self.on_exit, self.on_settle = on_line, on_exit, on_settle
 
 
@@ -379,7 +378,7 @@ class NodeActor:
             standby, self._next = self._next, None
         if standby is None:
             return None, None
-        why = standby.mismatch(request.argv, env, request.cwd, PER_LAUNCH_VARS)
+        why = standby.mismatch(request.argv, env, request.cwd)
         process = standby.process
         assert process is not None
         if why is None:
@@ -403,9 +402,7 @@ class NodeActor:
                 return
             # Named for the attempt it stands by for, as `ps e` shows its processes (the hand-over sets both anyway)
             env = {**env, "A4RAY_ATTEMPT": str(request.attempt + 1)}
-            argv = [f"--restart-count={request.attempt + 1}" if a.startswith("--restart-count=") else a
-                    for a in ranks.warm_argv(request.argv)]
-            standby = _Standby(argv, env, request.cwd)
+            standby = _Standby(ranks.warm_argv(request.argv, request.attempt + 1), env, request.cwd)
             standby.process = ManagedProcess(
                 standby.argv, env=env, cwd=request.cwd or None, launch_id=f"{request.launch_id}-next",
                 on_line=standby.line, grace_s=request.grace_s, on_exit=standby.ended, settle=standby.settle,
@@ -787,8 +784,8 @@ def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
 
 # What a launch sets anew for each attempt and a rank reads only when it uses it (the process group, a dump, its exit):
 # a warm rank takes them at the hand-over. Any other difference in the env makes the next attempt a cold one.
-PER_LAUNCH_VARS = {"A4RAY_ATTEMPT", "MASTER_PORT", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE", flight.EXIT_DUMP_ENV,
-                   FR_SOCKET_DIR_ENV}
+PER_LAUNCH_VARS = {"A4RAY_ATTEMPT", "MASTER_PORT", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+                   flight.EXIT_DUMP_ENV, FR_SOCKET_DIR_ENV}
 
 # A variable set under either name is the user's choice.
 _FR_OLD_NAMES = {"TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",

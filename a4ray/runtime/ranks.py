@@ -387,10 +387,13 @@ def launcher_args(argv: list[str]) -> argparse.Namespace | None:
         return None
 
 
-def warm_argv(argv: list[str]) -> list[str]:
-    """The command of a launcher that stands by for the next attempt of the launch `argv`."""
+def warm_argv(argv: list[str], restart_count: int | None = None) -> list[str]:
+    """The command of a launcher that stands by for the next attempt of the launch `argv` (restart `restart_count`,
+    where given: the hand-over sets it anyway, but `ps` shows the attempt it stands by for)."""
     cut = argv.index("--")
-    return [*argv[:cut], "--warm", *argv[cut:]]
+    head = [f"--restart-count={restart_count}" if restart_count is not None and a.startswith("--restart-count=")
+            else a for a in argv[:cut]]
+    return [*head, "--warm", *argv[cut:]]
 
 
 def warm_mismatch(standby: list[str], launch: list[str]) -> str | None:
