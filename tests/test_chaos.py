@@ -41,6 +41,14 @@ def _spec(tmp_path: Path, workload: str) -> dict:
                                           "iters": 10**7, "warmup": 1}, **spec}
 
 
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (not a zombie). It may end between any two looks at it."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _processes() -> tuple[dict[int, str], dict[int, str]]:
     """(node actors, processes of any a4ray launch) of this test's cluster: pid -> what it is. Only this process's
     descendants (the session cluster's raylets, their workers and what those started): other tests, on other
@@ -93,8 +101,7 @@ def test_a_driver_killed_mid_run_leaves_nothing_behind_and_is_recorded_lost(loca
         driver.wait(timeout=30)
     killed = time.monotonic()
     while time.monotonic() - killed < GRACE_S + 5:
-        alive = {pid: what for pid, what in {**actors, **launched}.items()
-                 if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
+        alive = {pid: what for pid, what in {**actors, **launched}.items() if _running(pid)}
         if not alive:
             break
         time.sleep(0.5)
