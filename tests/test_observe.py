@@ -168,9 +168,11 @@ def test_a_lost_node_is_survived_by_a_restart_from_checkpoint(extra_nodes, tmp_p
     killer.join(timeout=5)
     assert not result.ok and result.gang.failure_kind == "lost"
     # Ray's word on the node, whichever reached the driver first: the broken connection ("Socket closed", or
-    # "recvmsg:Connection reset by peer" when the node's raylet went first), or the node's death.
+    # "recvmsg:Connection reset by peer" when the node's raylet went first), the node's death, or the worker's
+    # ("connection error code 2. End of file": the actor's worker saw its raylet go before the node was declared).
     assert re.search(r"was lost: its node actor is gone \(Ray: The actor (is unavailable: .*(Socket closed|"
-                     r"Connection reset by peer)|died because its node has died)", result.verdict), result.verdict
+                     r"Connection reset by peer)|died because its node has died|is dead because its worker process "
+                     r"has died\. Worker exit type: SYSTEM_ERROR .*connection error)", result.verdict), result.verdict
 
 
 def test_a_dead_actor_is_reported_with_rays_own_cause(local_cluster):
