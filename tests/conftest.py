@@ -56,6 +56,15 @@ LONGEST_FIRST = ["test_culprits", "test_pipeline", "test_notebooks", "test_local
 WATCHDOG_DEFAULTS_ENV = "A4RAY_TEST_WATCHDOG_DEFAULTS"  # where tests/watchdog_defaults.py's background runs are
 
 
+def pytest_configure(config):
+    """A suite started as a background job of a script (`nohup make test &`) inherits SIGINT ignored, as POSIX
+    has shells start those, and every process a test starts would inherit it too: a driver that a test stops
+    with Ctrl-C's signal then rightly runs on to its end (a local run of the suite failed so). The suite's
+    processes take SIGINT as a terminal's Ctrl-C."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_finish(session):
     """Start the watchdog-defaults runs (minutes each, idle while they wait) as the suite starts, once, where their
     tests are among those selected (not for --collect-only, nor where -k or a path leaves them out). Under xdist the
