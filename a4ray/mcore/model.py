@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -157,9 +155,8 @@ def init_standalone() -> None:
     from megatron.core import parallel_state, tensor_parallel
 
     shims.apply()
-    if not dist.is_initialized():
-        store_dir = tempfile.mkdtemp(prefix="a4ray-mcore-")
-        dist.init_process_group("gloo", store=dist.FileStore(str(Path(store_dir) / "store"), 1), world_size=1, rank=0)
+    if not dist.is_initialized():  # a world of one needs no rendezvous: an in-memory store (a file's was left in /tmp)
+        dist.init_process_group("gloo", store=dist.HashStore(), world_size=1, rank=0)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
     tensor_parallel.model_parallel_cuda_manual_seed(0)
