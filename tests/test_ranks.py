@@ -3,6 +3,7 @@ across two "nodes" (two launchers), the first failure named in torchrun's form a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -87,6 +88,51 @@ def test_sigterm_ends_every_rank():
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
+
+
+def _stopped(proc: psutil.Process) -> None:
+    proc.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while proc.status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.status() == psutil.STATUS_STOPPED
+
+
+def test_a_stopped_rank_ends_with_the_stop_not_after_the_grace_period():
+    """A stopped rank (SIGSTOP: the chaos tests' and the soak's hang, a debugger, Ctrl-Z) acts on SIGTERM only once it
+    is continued: each stop waited out its whole grace period for it before the SIGKILL, 10 s by default after every
+    such hang. Both of a4ray's stops send SIGCONT after SIGTERM, as systemd does: the launcher's, of its ranks, and the
+    node actor's, of the launch's process tree. Here the grace is 60 s."""
+    argv = launcher("a4ray", 0, 1, 2, free_port(), "--fail-rank=99")
+    argv[argv.index("--grace-s=2")] = "--grace-s=60"
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children: list[psutil.Process] = []
+    deadline = time.monotonic() + 30
+    while len(children) < 2 and time.monotonic() < deadline:
+        children = psutil.Process(proc.pid).children()
+        time.sleep(0.05)
+    _stopped(children[1])
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=90) == 128 + signal.SIGTERM
+    assert time.monotonic() - start < 30, "the stopped rank was left for the grace period"
+    assert not psutil.wait_procs(children, timeout=10)[1]
+
+    from a4ray.runtime.process import terminate_launch
+
+    tree = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                             "'-c', 'import time; time.sleep(600)']); time.sleep(600)"], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not psutil.Process(tree.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (rank,) = psutil.Process(tree.pid).children()
+    _stopped(rank)
+    start = time.monotonic()
+    assert terminate_launch(tree.pid, None, 60.0) == 2
+    assert time.monotonic() - start < 30, "the stopped process was left for the grace period"
+    assert tree.wait(timeout=10) == -signal.SIGTERM
+    with contextlib.suppress(psutil.NoSuchProcess):  # ended: gone, or a zombie until its new parent reaps it
+        assert rank.status() == psutil.STATUS_ZOMBIE
 
 
 def test_a_stop_while_the_node_exits_keeps_the_failed_ranks_code():

@@ -17,7 +17,7 @@ The process is the truth, output is only output:
   * Each rank runs in its own session. Stopping the node signals every rank's group, the dead rank's too
     (torchrun signals only ranks still alive, pytorch/pytorch#110065), and every descendant of this
     launcher: it is a child subreaper (PR_SET_CHILD_SUBREAPER), so what a rank double-forked out of its
-    group with `setsid` comes back to it as an orphan. SIGTERM, then SIGKILL after the grace period.
+    group with `setsid` comes back to it as an orphan. SIGTERM and SIGCONT, then SIGKILL after the grace period.
   * The first failure is reported at once, in torchrun's "Root Cause" form (the gang names the rank either
     way, and stops every node on it), with what the kernel says about a SIGKILL (its OOM killer's count in
     the cgroup's memory.events); then the node stops its other ranks. Output still in a pipe is drained
@@ -53,6 +53,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+from a4ray.runtime.process import STOP_SIGNALS
 
 ROLE = "default"  # torchrun's role name: its --tee prefix is "[default<local rank>]:"
 MONITOR_INTERVAL_S = 0.1  # torchrun's default monitor_interval
@@ -297,19 +299,21 @@ class Node:
         return sorted(pids)
 
     def stop(self) -> None:
-        """SIGTERM every process of the node, SIGKILL what is left after the grace period."""
+        """SIGTERM (and SIGCONT, for a stopped rank) every process of the node, SIGKILL what is left after the grace
+        period."""
         deadline = time.monotonic() + self.args.grace_s
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for rank in self.ranks:  # whole groups first: their members may be forking
-                try:
-                    os.killpg(rank.proc.pid, sig)
-                except OSError:
-                    pass
-            for pid in self._processes():
-                try:
-                    os.kill(pid, sig)
-                except OSError:
-                    pass
+        for signals in (STOP_SIGNALS, (signal.SIGKILL,)):
+            for sig in signals:
+                for rank in self.ranks:  # whole groups first: their members may be forking
+                    try:
+                        os.killpg(rank.proc.pid, sig)
+                    except OSError:
+                        pass
+                for pid in self._processes():
+                    try:
+                        os.kill(pid, sig)
+                    except OSError:
+                        pass
             while (left := self._processes()) and time.monotonic() < deadline:
                 self._reap_orphans()
                 time.sleep(0.05)
