@@ -64,7 +64,7 @@ def test_training_progress_is_exported_as_ray_metrics(local_cluster, tmp_path, c
         thread.join(timeout=120)
         gang.close()
     assert done["result"].ok and done["result"].last_iteration == 3
-    # A local cluster exports every 2 s, not Ray's 10 s: a driver leaving it waits for its last export that long at most.
+    # A local cluster exports every 2 s, not Ray's 10 s: a driver that leaves it waits that long for its last export.
     assert ray._config.metrics_report_interval_ms() == 2000 and metrics.wait_exported() <= 2.5
     out = capfd.readouterr().out
     assert re.search(r"a4ray: progress: iteration 1/3 \| 0.25 s/it \| 4,096 tokens/s \| loss [12]\.\d+", out)

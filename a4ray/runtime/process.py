@@ -42,14 +42,15 @@ def launch_processes(pgid: int | None = None, launch_id: str | None = None) -> l
     return found
 
 
-# A stopped process (SIGSTOP: a chaos test's hang, a debugger, Ctrl-Z) acts on SIGTERM only once it is continued; without
-# SIGCONT the stop waited out the whole grace period for it (10 s, on every restart after such a hang). systemd does the
-# same. SIGCONT to a running process does nothing.
+# A stopped process (SIGSTOP: a chaos test's hang, a debugger, Ctrl-Z) acts on SIGTERM only once it is continued;
+# without SIGCONT the stop waited out the whole grace period for it (10 s, on every restart after such a hang).
+# systemd does the same. SIGCONT to a running process does nothing.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGCONT)
 
 
 def terminate_launch(pgid: int | None, launch_id: str | None, grace_s: float) -> int:
-    """SIGTERM (and SIGCONT) every process of the launch, wait up to `grace_s`, SIGKILL what is left. Returns #killed."""
+    """SIGTERM (and SIGCONT) every process of the launch, wait up to `grace_s`, SIGKILL what is left; returns how
+    many it signalled."""
     procs = launch_processes(pgid, launch_id)
     for sig in STOP_SIGNALS:
         for proc in procs:
