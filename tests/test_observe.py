@@ -19,7 +19,6 @@ from test_gang import assert_no_leftovers
 
 from a4ray.core.errors import GangHang
 from a4ray.driver.execute import run
-from a4ray.observe import metrics
 from a4ray.runtime.gang import Gang
 from a4ray.workloads.generic import Command
 
@@ -64,8 +63,6 @@ def test_training_progress_is_exported_as_ray_metrics(local_cluster, tmp_path, c
         thread.join(timeout=120)
         gang.close()
     assert done["result"].ok and done["result"].last_iteration == 3
-    # A local cluster exports every 2 s, not Ray's 10 s: a driver that leaves it waits that long for its last export.
-    assert ray._config.metrics_report_interval_ms() == 2000 and metrics.wait_exported() <= 2.5
     out = capfd.readouterr().out
     assert re.search(r"a4ray: progress: iteration 1/3 \| 0.25 s/it \| 4,096 tokens/s \| loss [12]\.\d+", out)
     assert "a4ray: progress: iteration 3/3" in out

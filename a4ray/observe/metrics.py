@@ -29,9 +29,8 @@ Per node of the gang ({job,run,node,host}: node is its gang rank, host its machi
   a4ray_hang_culprit_total         hang verdicts that named a rank of that node
 
 Metrics are created lazily, once per process: Ray refuses two metrics with one name in a process. Ray exports a
-process's values every metrics_report_interval_ms (10 s; 2 s on a local cluster): a driver that exits sooner after
-its last value loses it (a fabric test's figures, a run's final goodput), so it waits for that export first
-(`wait_exported`).
+process's values every metrics_report_interval_ms (10 s): a driver that exits sooner after its last value loses it
+(a fabric test's figures, a run's final goodput), so it waits for that export first (`wait_exported`).
 """
 
 from __future__ import annotations

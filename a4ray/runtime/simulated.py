@@ -44,11 +44,6 @@ SIMULATED_LABEL = "a4ray.io/simulated"
 # started in. Every node's processes get it, because the driver of a `ray job submit` runs in a temporary
 # copy of its working_dir, which Ray deletes when the job ends (taking any run directory inside along).
 LOCAL_ROOT_ENV = "A4RAY_LOCAL_ROOT"
-# Every process of a local cluster exports its metrics every 2 s, not Ray's 10 s (set for a real cluster's Prometheus):
-# local up's Prometheus scrapes every 5 s, so its dashboard shows a run's figures within seconds. A driver that ends
-# waits for its last export (observe.metrics.wait_exported): up to 2.5 s, not 10.5. Ray hands it to every node and
-# driver of the cluster.
-LOCAL_SYSTEM_CONFIG = {"metrics_report_interval_ms": 2000}
 NODES_PER_SUBBLOCK = 4  # so a simulated topology has more than one subblock to order
 DASHBOARD_PORT = 8265
 # Every simulated node is a raylet and its workers on this one machine (and has its own 127.0.B.x address):
@@ -363,7 +358,7 @@ class SimulatedCluster:
         self._undo = [auth.enable_token_auth()] + ([auth.loopback_only()] if auth.is_loopback(self.host) else [])
         where = {} if self.host == "0.0.0.0" else {"node_ip_address": self.host}
         head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard, dashboard_host=self.host,
-                    env_vars={LOCAL_ROOT_ENV: self.root, **_python_first()}, _system_config=LOCAL_SYSTEM_CONFIG,
+                    env_vars={LOCAL_ROOT_ENV: self.root, **_python_first()},
                     object_store_memory=128 * 2**20, labels={SIMULATED_LABEL: "true"}, node_name="head", **where)
         if self.client_port:
             head["ray_client_server_port"] = self.client_port
