@@ -78,12 +78,7 @@ def test_sigterm_ends_every_rank():
     port = free_port()
     proc = subprocess.Popen(launcher("a4ray", 0, 1, 2, port, "--fail-rank=99"), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    children: list[psutil.Process] = []
-    deadline = time.monotonic() + 30
-    while len(children) < 2 and time.monotonic() < deadline:
-        children = psutil.Process(proc.pid).children()
-        time.sleep(0.05)
-    assert len(children) == 2
+    children = started_ranks(proc, 2)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     _, alive = psutil.wait_procs(children, timeout=10)
@@ -106,11 +101,7 @@ def test_a_stopped_rank_ends_with_the_stop_not_after_the_grace_period():
     argv = launcher("a4ray", 0, 1, 2, free_port(), "--fail-rank=99")
     argv[argv.index("--grace-s=2")] = "--grace-s=60"
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    children: list[psutil.Process] = []
-    deadline = time.monotonic() + 30
-    while len(children) < 2 and time.monotonic() < deadline:
-        children = psutil.Process(proc.pid).children()
-        time.sleep(0.05)
+    children = started_ranks(proc, 2)
     _stopped(children[1])
     start = time.monotonic()
     proc.send_signal(signal.SIGTERM)
@@ -167,8 +158,9 @@ def procs(output: str) -> dict[int, list[str]]:
     return found
 
 
-def warm_ranks(proc: subprocess.Popen, n: int) -> list[psutil.Process]:
-    """The launcher's n rank processes once each has started (before any launch was handed to them)."""
+def started_ranks(proc: subprocess.Popen, n: int) -> list[psutil.Process]:
+    """The launcher's n rank processes once each has started (a warm launcher's: before any launch was handed
+    to them)."""
     deadline = time.monotonic() + 30
     children: list[psutil.Process] = []
     while len(children) < n and time.monotonic() < deadline:
@@ -197,7 +189,7 @@ def test_warm_ranks_become_the_launch_handed_to_them(tmp_path):
     launchers = [subprocess.Popen(warm_argv(launcher("a4ray", r, 2, 2, old_port)), cwd=REPO, text=True,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   start_new_session=True) for r in range(2)]
-    warm = {r: warm_ranks(p, 2) for r, p in enumerate(launchers)}
+    warm = {r: started_ranks(p, 2) for r, p in enumerate(launchers)}
     if idle_class_available():  # each goes idle first thing, then imports torch
         deadline = time.monotonic() + 20
         while {os.sched_getscheduler(r.pid) for node in warm.values() for r in node} != {os.SCHED_IDLE}:
@@ -231,7 +223,7 @@ def test_a_warm_launcher_ends_with_its_ranks_when_no_launch_comes():
     for end in ("eof", "sigterm"):
         proc = subprocess.Popen(warm_argv(launcher("a4ray", 0, 1, 2, free_port())), cwd=REPO, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        children = warm_ranks(proc, 2)
+        children = started_ranks(proc, 2)
         assert proc.stdin is not None
         if end == "eof":
             proc.stdin.close()
