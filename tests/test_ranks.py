@@ -85,6 +85,43 @@ def test_sigterm_ends_every_rank():
     assert not alive
 
 
+ORPHAN = """
+import os, time
+if os.fork() == 0:  # a daemon, as a data loader or a checkpoint writer may start: it outlives its parent
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(0.3)
+        os._exit(0)
+    os._exit(0)
+os.wait()
+print("daemon started", flush=True)
+time.sleep(30)
+"""
+
+
+def test_an_orphan_that_ends_while_the_ranks_run_is_reaped(tmp_path):
+    """A rank's daemon whose parent has gone comes back to the launcher (a child subreaper); when it ends, the
+    launcher reaps it while the ranks run (read from the kernel's list of its children every 0.1 s), so no zombie
+    is left holding a pid for the node's whole run."""
+    (tmp_path / "orphan.py").write_text(ORPHAN)
+    proc = subprocess.Popen([sys.executable, "-m", "a4ray.runtime.ranks", "--nnodes=1", "--node-rank=0",
+                             "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--nproc=1", "--grace-s=2",
+                             "--", str(tmp_path / "orphan.py")], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "daemon started" in proc.stdout.readline()
+        launcher_proc = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 10
+        while len(launcher_proc.children()) > 1 and time.monotonic() < deadline:  # the rank, the daemon or its zombie
+            time.sleep(0.1)
+        children = launcher_proc.children()
+        assert len(children) == 1 and children[0].status() != psutil.STATUS_ZOMBIE, \
+            [(c.pid, c.status(), c.cmdline()) for c in children]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
 def _stopped(proc: psutil.Process) -> None:
     proc.send_signal(signal.SIGSTOP)
     deadline = time.monotonic() + 10

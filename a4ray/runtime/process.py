@@ -42,6 +42,25 @@ def launch_processes(pgid: int | None = None, launch_id: str | None = None) -> l
     return found
 
 
+def child_pids() -> list[int]:
+    """This process's children, read from the kernel's own lists (/proc/self/task/<tid>/children, one per thread)
+    where it keeps them; else psutil's answer, a scan of every process's /proc/<pid>/stat (4 ms with ~200
+    processes)."""
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):  # a kernel without CONFIG_PROC_CHILDREN
+        try:
+            return [child.pid for child in psutil.Process().children()]
+        except psutil.Error:
+            return []
+    pids: list[int] = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids += map(int, f.read().split())
+        except OSError:  # a thread that has ended since
+            continue
+    return pids
+
+
 # A stopped process (SIGSTOP: a chaos test's hang, a debugger, Ctrl-Z) acts on SIGTERM only once it is continued;
 # without SIGCONT the stop waited out the whole grace period for it (10 s, on every restart after such a hang).
 # systemd does the same. SIGCONT to a running process does nothing.

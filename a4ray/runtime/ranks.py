@@ -54,7 +54,7 @@ from pathlib import Path
 
 import psutil
 
-from a4ray.runtime.process import STOP_SIGNALS
+from a4ray.runtime.process import STOP_SIGNALS, child_pids
 
 ROLE = "default"  # torchrun's role name: its --tee prefix is "[default<local rank>]:"
 MONITOR_INTERVAL_S = 0.1  # torchrun's default monitor_interval
@@ -324,15 +324,11 @@ class Node:
     def _reap_orphans(self) -> None:
         """Reap ended descendants that were reparented here (never a rank: those are reaped by `wait`)."""
         ranks = {rank.proc.pid for rank in self.ranks}
-        try:
-            children = psutil.Process().children()
-        except psutil.Error:
-            return
-        for child in children:
-            if child.pid in ranks:
+        for pid in child_pids():  # every 0.1 s: psutil's scan of every process cost 4% of a core a launcher
+            if pid in ranks:
                 continue
             try:
-                os.waitpid(child.pid, os.WNOHANG)
+                os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
 
