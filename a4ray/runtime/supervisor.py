@@ -329,7 +329,7 @@ class Supervisor:
                         pending[self.actors[rank].poll.remote(poll.cursor, POLL_WAIT_S)] = rank
                     elif poll.exit_code not in (0, None):
                         self._node_failed(rank, f"exited with code {poll.exit_code}{signal_name(poll.exit_code)}",
-                                          sorted(set(pending.values())))
+                                          sorted(set(pending.values())), killed=poll.exit_code < 0)
                         return self._finish()
                     elif any(r not in self.standby for r in pending.values()):  # ended well while others run
                         self._node_ended(rank)
@@ -352,9 +352,11 @@ class Supervisor:
         return bool(self.nproc[rank]) and any(line.startswith(FAILURE_HEADER) for line in tail) \
             and root_cause(tail) is not None
 
-    def _node_failed(self, rank: int, how: str, peers: list[int]) -> None:
+    def _node_failed(self, rank: int, how: str, peers: list[int], killed: bool = False) -> None:
         """Node `rank` failed (`how`: "exited with code 1"); unless a lost peer or a rank that left before it explains
-        it, it is the launch's failure."""
+        it, it is the launch's failure. A command `killed` by a signal may be the echo of its own actor's end: Ray
+        kills a worker's children as it kills the worker (`ray.kill`, a lost raylet), and the command's end can
+        reach the driver before the actor's does."""
         failed = f"node {self.members[rank]} ({self.wheres[rank]}) {how}"
         others = [p for p in peers if p != rank]
         gone = self._catch_up(others, 0.0)
@@ -368,13 +370,13 @@ class Supervisor:
                 if first := next((p for p in others if self._rank_failed(p) and not self._echo(p)), None):
                     rank, failed = first, f"node {self.members[first]} ({self.wheres[first]}) reported it"
                     break
-        lost = self._lost_among(others)
+        lost = self._lost_among([rank, *others] if killed else others)
         if lost is None:
             self._fail(rank, "failed", failed, how)
         else:  # the failure was the echo of a lost peer (a collective's peer vanished)
             lost_rank, why = lost
-            self._fail(lost_rank, "lost", self._lost(lost_rank, f"its node actor is gone (Ray: {why}); "
-                                                                f"{failed} after it"))
+            after = "" if lost_rank == rank else f"; {failed} after it"
+            self._fail(lost_rank, "lost", self._lost(lost_rank, f"its node actor is gone (Ray: {why}){after}"))
 
     def _echo(self, rank: int) -> bool:
         """Node `rank`'s failed rank ended with the words of a peer gone (gloo's "Connection closed by peer", ...). Only
