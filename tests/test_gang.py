@@ -94,6 +94,19 @@ def test_ddp_test_end_to_end_over_gloo(local_cluster, tmp_path):
     assert "# env A4RAY_NODE_RANK=0" in node0 and "[default0]:" in node0
 
 
+def test_compile_caches_are_one_directory_in_the_workspace_for_every_node_unless_set(local_cluster, tmp_path):
+    """torch.compile's and Triton's on-disk caches are one directory of the workspace for every node, attempt and run:
+    a restart on another node, or the next run, loads the kernels compiled before (on 1 x H200 the rehearsal's first
+    iteration took 27 s with both caches cold, 3.7 s with both warm). A value the user sets wins."""
+    probe = "echo CACHES inductor=$TORCHINDUCTOR_CACHE_DIR triton=$TRITON_CACHE_DIR"
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", f"command.argv=[bash, -c, '{probe}']",
+               "network.env.TRITON_CACHE_DIR=/var/cache/triton-of-mine", workspace=tmp_path)
+    result = run(spec)
+    assert result.ok, result.verdict
+    lines = [next(t for t in node.last_lines if t.startswith("CACHES")) for node in result.gang.nodes]
+    assert lines == [f"CACHES inductor={tmp_path}/cache/compile/inductor triton=/var/cache/triton-of-mine"] * 2
+
+
 def test_rank_order_and_master_follow_topology_labels(local_cluster):
     spec = job("command", "cluster.nodes=3", "cluster.gpus_per_node=1", "command.argv=[true]")
     gang = Gang(spec, log_dir="/tmp")

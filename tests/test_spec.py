@@ -147,3 +147,13 @@ def test_resolved_spec_round_trips_through_yaml(tmp_path):
     spec = load_job(None, ["cluster.nodes=3", "network.env.X=1"], kind="ddp_test")
     again = load_job(write(tmp_path, spec.to_yaml()))
     assert again.model_dump() == spec.model_dump()
+
+
+def test_compile_caches_go_under_the_workspace_as_given_or_nowhere():
+    def env(*sets: str) -> dict[str, str]:
+        return load_job(None, list(sets), kind="ddp_test").storage.compile_cache_env("/mnt")
+
+    assert env() == {"TORCHINDUCTOR_CACHE_DIR": "/mnt/cache/compile/inductor",
+                     "TRITON_CACHE_DIR": "/mnt/cache/compile/triton"}
+    assert env("storage.compile_cache=/lustre/compile")["TRITON_CACHE_DIR"] == "/lustre/compile/triton"
+    assert env("storage.compile_cache=") == {}

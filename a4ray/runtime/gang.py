@@ -41,6 +41,7 @@ from a4ray.core.errors import (
     GangTimeout,
     GangUnplaceable,
 )
+from a4ray.core.rundir import RunDir
 from a4ray.observe.verdicts import NodeRef
 from a4ray.runtime.deaths import ACTOR_GONE
 from a4ray.runtime.launch import GangResult, Launch, NodeContext, NodeResult, Peer
@@ -262,6 +263,9 @@ class Gang:
             raise ValueError("every launch is a standby: at least one node needs a command")
         t0 = time.monotonic()
         started_at = time.time()
+        # A gang without a run directory (a test's) has no workspace of record: its processes keep their defaults.
+        compile_cache_env = self.spec.storage.compile_cache_env(str(RunDir(Path(self.run_dir)).workspace)) \
+            if self.run_dir else {}
         requests = [
             LaunchRequest(
                 argv=launch.argv, cwd=launch.cwd, env=launch.env, env_scripts=launch.env_scripts,
@@ -270,6 +274,7 @@ class Gang:
                 attempt=self.attempt, metric_tags={"job": self.spec.name, "run": self.run_id},
                 seq_length=self.spec.observe.seq_length,
                 flight_recorder=self.spec.observe.watchdog.enabled and self.spec.observe.watchdog.flight_recorder,
+                compile_cache_env=compile_cache_env,
                 warm_next=self.spec.restart.warm_ranks and self.attempt < self.spec.restart.max_restarts,
             )
             for rank, launch in enumerate(launches)

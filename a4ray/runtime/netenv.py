@@ -174,8 +174,10 @@ def build_env(base: Mapping[str, str], layers: list[EnvLayer | None]) -> LaunchE
     return result
 
 
-def describe_env_plan(net: NetworkSpec, workload_env: dict[str, str]) -> list[str]:
-    """The env a launch would get, layer by layer, for a dry run (nothing is sourced)."""
+def describe_env_plan(net: NetworkSpec, workload_env: dict[str, str], defaults: dict[str, str] | None = None
+                      ) -> list[str]:
+    """The env a launch would get, layer by layer, for a dry run (nothing is sourced); `defaults`: what a4ray's
+    layer sets where the node does not (the compile caches)."""
     lines = []
     if net.gib == "off":
         lines.append("gib: off")
@@ -184,7 +186,8 @@ def describe_env_plan(net: NetworkSpec, workload_env: dict[str, str]) -> list[st
                      + (" (fail if missing)" if net.gib == "on" else " (skip where missing)"))
         lines += [f"  {k}={v}" for k, v in net.gib_overrides.items()]
         lines.append(f"  LD_LIBRARY_PATH={net.gib_lib_dir}:<node's LD_LIBRARY_PATH>")
-    lines.append("a4ray: PYTHONUNBUFFERED=1 A4RAY_NODE_RANK=<rank> A4RAY_ATTEMPT=<n> A4RAY_LAUNCH_ID=<id>")
+    lines.append("a4ray: PYTHONUNBUFFERED=1 A4RAY_NODE_RANK=<rank> A4RAY_ATTEMPT=<n> A4RAY_LAUNCH_ID=<id>"
+                 + "".join(f" {k}={v}" for k, v in (defaults or {}).items()))
     for layer, env in (("workload", workload_env), ("user (network.env)", net.env)):
         shown = Redactor(secret_values(env)).env(env)
         lines.append(f"{layer}: " + (" ".join(f"{k}={v}" for k, v in shown.items()) or "-"))

@@ -100,6 +100,7 @@ class LaunchRequest(BaseModel):
     metric_tags: dict[str, str] = {}  # job, run: every metric of this launch carries them
     seq_length: int | None = None
     flight_recorder: bool = False
+    compile_cache_env: dict[str, str] = {}  # torch.compile's and Triton's caches on shared storage (defaults only)
     warm_next: bool = False  # another attempt may follow: start its launcher, ranks warm, with this one
 
 
@@ -330,6 +331,7 @@ class NodeActor:
         if base.get("CUDA_VISIBLE_DEVICES"):  # Ray's list for this actor, in a set's order: local rank i must
             # take the node's i-th GPU, as torchrun on the node would (cuda:LOCAL_RANK indexes this list)
             a4ray_vars["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_order(base["CUDA_VISIBLE_DEVICES"].split(",")))
+        a4ray_vars.update({k: v for k, v in request.compile_cache_env.items() if k not in so_far})
         if request.flight_recorder:  # defaults only: what the image or user sets wins
             a4ray_vars.update({k: v for k, v in _flight_recorder_env(request).items()
                                if k not in so_far and _FR_OLD_NAMES.get(k) not in so_far})

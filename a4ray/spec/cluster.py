@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -108,6 +109,18 @@ class StorageSpec(Spec):
     local_workspace: PathStr = Field(
         ".a4ray", description="workspace used instead on the embedded local cluster (relative to cwd)"
     )
+    compile_cache: PathStr = Field(
+        "cache/compile", description="where torch.compile (inductor) and Triton keep their on-disk caches, relative "
+        "to the workspace (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, where the image or the user sets neither): "
+        "shared by every node, attempt and run, so that a restart, a replacement node and the next run load the "
+        "kernels compiled before instead of compiling them again; '' leaves each process its own default in its /tmp")
+
+    def compile_cache_env(self, workspace: str) -> dict[str, str]:
+        """The launch env that keeps the compile caches in `compile_cache` under `workspace` (none for '')."""
+        if not self.compile_cache:
+            return {}
+        root = PurePosixPath(workspace) / self.compile_cache  # an absolute compile_cache stays as given
+        return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton")}
 
     @field_validator("workspace")
     @classmethod

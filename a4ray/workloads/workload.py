@@ -182,7 +182,8 @@ class Workload(ABC, Generic[S]):
         t = c.topology
         order = ("by IP" if t.order == "ip" else
                  f"by node labels {t.block_label}, {t.subblock_label}, {t.host_label}, then IP")
-        env = describe_env_plan(self.spec.network, launches[0].env if launches else {})
+        env = describe_env_plan(self.spec.network, launches[0].env if launches else {},
+                                self.spec.storage.compile_cache_env(workspace or self.spec.storage.workspace))
         return Plan(job=self.spec.name, kind=self.spec.kind, rank_order=order, env=env,
                     nodes=[NodePlan(rank=i, argv=launch.argv, env=launch.env, cwd=launch.cwd)
                            for i, launch in enumerate(launches)],
