@@ -155,5 +155,8 @@ def test_compile_caches_go_under_the_workspace_as_given_or_nowhere():
 
     assert env() == {"TORCHINDUCTOR_CACHE_DIR": "/mnt/cache/compile/inductor",
                      "TRITON_CACHE_DIR": "/mnt/cache/compile/triton"}
-    assert env("storage.compile_cache=/lustre/compile")["TRITON_CACHE_DIR"] == "/lustre/compile/triton"
+    assert env("storage.compile_cache=/mnt/compile")["TRITON_CACHE_DIR"] == "/mnt/compile/triton"
     assert env("storage.compile_cache=") == {}
+    with pytest.raises(SpecError) as e:  # a write path, as every other: inside the workspace
+        env("storage.compile_cache=/lustre/compile")
+    assert "storage.compile_cache" in problems(e)

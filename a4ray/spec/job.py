@@ -72,7 +72,7 @@ class JobSpec(Spec):
         """(field, path) of every path this job writes by name, relative to the workspace unless absolute. Each
         must stay inside the workspace: checked from the spec here, symlinks followed where the workspace is
         known (the driver). Run directories are always `<workspace>/runs/<id>`. Kinds that write more add theirs."""
-        return []
+        return [(("storage", "compile_cache"), self.storage.compile_cache)] if self.storage.compile_cache else []
 
     def check_writes(self, workspace: Path, extra: list[tuple[str, str | Path]] = ()) -> None:
         """Refuse, before anything runs, a write path (and `extra` ones: (what, path)) that resolves outside
