@@ -8,23 +8,29 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import WATCHDOG_DEFAULTS_ENV, isolated_env
-from watchdog_defaults import QUIET_S, start, wait
+from watchdog_defaults import QUIET_S, RUNS, start, wait
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
+def runs(tmp_path_factory) -> Iterator[Path]:
     root = os.environ.get(WATCHDOG_DEFAULTS_ENV)
-    if root:
-        return Path(root)
-    root = tmp_path_factory.mktemp("watchdog-defaults")  # the conftest did not start them: start them now
-    start(root, isolated_env(root))
-    return root
+    if not root:
+        root = tmp_path_factory.mktemp("watchdog-defaults")  # the conftest did not start them: start them now
+        start(root, isolated_env(root))
+        yield root
+        return
+    yield Path(root)
+    # The conftest's runs are in /tmp, outside pytest's tmp_path: removed once both have ended (else kept to read).
+    if all((Path(root) / name / "rc").is_file() for name in RUNS):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_plain_hang_is_judged_within_five_minutes_and_repeated_warnings_are_no_news(runs):
