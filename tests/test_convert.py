@@ -45,8 +45,8 @@ from a4ray.hf2mcore.native import check_disk, check_memory
 from a4ray.staging.tiny import QWEN3_NEXT_TINY, write_tiny, write_tiny_next
 from a4ray.mcore.architecture import Architecture
 from a4ray.mcore.names import EXPERT_ROLES, LAYERS
-from tests.conftest import PYTHON, REPO, isolated_env, job
-from tests.upstream import PAI_CONVERTER_ARGS, PAI_DLC_ENV, pai_standin
+from conftest import PYTHON, REPO, isolated_env, job
+from upstream import PAI_CONVERTER_ARGS, PAI_DLC_ENV, pai_standin
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from a4ray.builds.builder import BuildFailed
 from a4ray.core.errors import SpecError
 from a4ray.driver.execute import run
 from a4ray.driver.kinds import job_for
-from tests.conftest import job, scrape_until
+from conftest import job, scrape_until
 
 STANDIN = Path(__file__).parent / "programs" / "deepep_standin"
 HCA = "0:mlx5_0:1,1:mlx5_1:1"

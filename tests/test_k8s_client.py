@@ -32,7 +32,7 @@ from a4ray.k8s import client as kc
 from a4ray.k8s.render import render_cluster, render_job
 from a4ray.k8s.validate import bundled_schema
 from a4ray.spec import load_job
-from tests.conftest import free_port
+from conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = "kuberay.image=us-docker.pkg.dev/p/r/a4ray:25.12-ray2.60.0"

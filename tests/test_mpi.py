@@ -20,7 +20,7 @@ from a4ray.runtime.gang import Gang
 from a4ray.runtime.launch import Peer
 from a4ray.runtime.mpirun import hostfile, mpi_launch
 from a4ray.runtime.process import LAUNCH_ID_VAR
-from tests.conftest import SESSION_GPUS, SESSION_NODES, job
+from conftest import SESSION_GPUS, SESSION_NODES, job
 
 PROGRAM = str(Path(__file__).parent / "programs" / "mpi_ranks.py")
 

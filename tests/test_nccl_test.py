@@ -23,7 +23,7 @@ from a4ray.parsers import nccl_tests
 from a4ray.programs.collectives import bus_factor
 from a4ray.spec.toolbuilds import BuildSpec
 from a4ray.workloads import tool_words
-from tests.conftest import job, scrape_until
+from conftest import job, scrape_until
 
 STANDIN = Path(__file__).parent / "programs" / "nccl_tests_standin.py"
 

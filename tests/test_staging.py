@@ -26,8 +26,8 @@ from a4ray.staging.layout import MANIFEST, ArtifactPaths, Manifest
 from a4ray.staging.service import get_service
 from a4ray.staging import stager
 from a4ray.staging.stager import unshared_error
-from tests.conftest import PYTHON, REPO, seed_standins
-from tests.localserver import LocalServer, Repo
+from conftest import PYTHON, REPO, seed_standins
+from localserver import LocalServer, Repo
 
 SENTINEL = "hf_SENTINEL_b6f1c0ffee_do_not_log"
 QUIET = Display(every_s=3600, tty=False)

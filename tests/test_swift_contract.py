@@ -21,8 +21,8 @@ import pytest
 
 from a4ray.hf2mcore.cache import OutputDir
 from a4ray.staging.tiny import write_tiny
-from tests.conftest import PYTHON, REPO, free_port, isolated_env
-from tests.upstream import SWIFT_4_5_2_MEGATRON_RLHF_FIELDS
+from conftest import PYTHON, REPO, free_port, isolated_env
+from upstream import SWIFT_4_5_2_MEGATRON_RLHF_FIELDS
 
 ENVS = REPO / "tests" / "swift_envs"
 VERSIONS = ["3.8.0", "4.5.2"]

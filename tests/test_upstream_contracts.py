@@ -19,8 +19,8 @@ from a4ray.spec.job import JOB_KINDS
 from a4ray.spec.nccl import NCCL_TESTS_DIRS
 from a4ray.trainers import trainer_for
 from a4ray.workloads.internode import DeepEPTest
-from tests.conftest import PYTHON, REPO, isolated_env
-from tests.upstream import (
+from conftest import PYTHON, REPO, isolated_env
+from upstream import (
     DEEPEP_CASES,
     DEEPEP_LINES,
     DEEPEP_OPTIONS,
