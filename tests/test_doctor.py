@@ -3,6 +3,8 @@ and a node that cannot write to the workspace is named, with the fix."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import job
 
@@ -65,10 +67,11 @@ def test_the_disk_check_wants_room_for_the_checkpoints_the_training_will_save(tm
         return CheckpointNeed(path=where, each_bytes=each, count=count, reckoned="r")
 
     status, detail, fix = _disk(str(tmp_path), 1, need(free, 2))
-    assert status == "fail" and detail.startswith(f"{free / 2**30:,.1f} GiB free on {where}: one checkpoint takes ~")
+    assert status == "fail" and re.match(rf"[\d,.]+ GiB free on {where}: one checkpoint takes ~", detail), detail
     assert "(r), and 1 GiB are kept free" in detail and fix == "free space or mount a larger volume for the checkpoints"
-    status, detail, fix = _disk(str(tmp_path), 1, need(free // 4, 10))
-    assert status == "warn" and ": room for 3 of the 10 checkpoints this run keeps" in detail  # 3.9 above the floor
+    # 3.5 checkpoints above the floor, however full the disk is (other tests write while this one runs)
+    status, detail, fix = _disk(str(tmp_path), 1, need((free - 2**30) * 2 // 7, 10))
+    assert status == "warn" and ": room for 3 of the 10 checkpoints this run keeps" in detail, detail
     assert "keep fewer" in fix
     status, detail, _ = _disk(str(tmp_path), 1, need(2**20, 10))
     assert status == "ok" and detail.endswith(": the 10 checkpoints of ~1.0 MiB each fit")
