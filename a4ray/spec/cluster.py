@@ -17,6 +17,7 @@ from a4ray.spec.fields import (
     PathStr,
     Seconds,
     Spec,
+    on_nodes,
     workspace_problem,
 )
 
@@ -119,7 +120,7 @@ class StorageSpec(Spec):
         """The launch env that keeps the compile caches in `compile_cache` under `workspace` (none for '')."""
         if not self.compile_cache:
             return {}
-        root = PurePosixPath(workspace) / self.compile_cache  # an absolute compile_cache stays as given
+        root = PurePosixPath(on_nodes(workspace, self.compile_cache))
         return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton")}
 
     @field_validator("workspace")

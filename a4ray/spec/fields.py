@@ -155,6 +155,11 @@ def workspace_problem(path: str) -> str | None:
 # --------------------------------------------------------------------------- paths a job writes
 
 
+def on_nodes(workspace: str, path: str) -> str:
+    """A spec path as the nodes see it: absolute as given, else under the workspace root."""
+    return path if path.startswith("/") else str(PurePosixPath(workspace) / path)
+
+
 def _under(path: PurePosixPath, root: str) -> bool:
     root_path = PurePosixPath(root)
     return path == root_path or root_path in path.parents

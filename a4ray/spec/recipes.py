@@ -18,7 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from a4ray.spec.artifacts import Staged
 from a4ray.spec.conversion import ConvertSpec
-from a4ray.spec.fields import PathStr, Spec
+from a4ray.spec.fields import PathStr, Spec, on_nodes
 from a4ray.spec.job import JOB_KINDS, JobSpec, job_kind
 from a4ray.spec.train import SwiftTrainSpec, TrainSpec
 
@@ -84,10 +84,7 @@ class RecipeJob(Staged, JobSpec):
             raise ValueError(f"{path!r}: give a directory relative to the current one, without '..'")
         return path
 
-    @staticmethod
-    def on_nodes(workspace: str, path: str) -> str:
-        """A spec path as the nodes see it: absolute as given, else under the workspace root."""
-        return path if path.startswith("/") else str(PurePosixPath(workspace) / path)
+    on_nodes = staticmethod(on_nodes)
 
     @property
     def model_dir(self) -> str:
