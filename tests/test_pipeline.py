@@ -207,13 +207,13 @@ _SHORT = ["--skip", "preflight", "--set", "train.iterations=12", "--set", "train
           "train.save_interval=4", "--set", "observe.summary_every=1", "--set", "convert.verify.enabled=false"]
 
 
-@pytest.mark.timeout(1200)  # three whole pipeline runs: 460 s in CI, past the suite's 600 s on a busier machine
-def test_local_nodes_4_cancelled_then_resumed_and_3_on_the_session_cluster(tmp_path, local_cluster, monkeypatch,
-                                                                          capsys, standins):
+@pytest.mark.timeout(900)  # two whole pipeline runs on 4 nodes
+def test_local_nodes_4_cancelled_then_resumed_and_3_planned(tmp_path, monkeypatch, capsys, standins):
     """`--local-nodes N` rehearses on N nodes: the profile derives its expert parallelism (it must divide the
     models' 8 experts) and global batch from N. On 4 nodes, Ctrl-C at an iteration: the record says how far
     train got, and nothing of the stopped ranks is streamed after "stopping"; the rerun resumes and finishes.
-    On 3 nodes (the session cluster), from the same staged and converted inputs."""
+    On 3 nodes, the plan: expert parallelism 1 (the only divisor of both 8 and 3) and one micro-batch per node.
+    (A MoE model trained with ep 1 and dp 3 on 3 nodes: test_culprits' node made slower.)"""
     seed_standins(tmp_path, standins)
     cmd = [PYTHON, "-m", "a4ray.qwen3_next", "--local-nodes", "4", *_SHORT]
     env = isolated_env(tmp_path)
@@ -248,15 +248,12 @@ def test_local_nodes_4_cancelled_then_resumed_and_3_on_the_session_cluster(tmp_p
 
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
-    assert pipeline_main("qwen3_next", ["--local-nodes", "3", "--gpus-per-node", "1", *_SHORT, "--set",
-                                        "train.output=logs/on-3-nodes", "--set", "train.iterations=4", "--set",
-                                        "train.save_interval=4", "--result", "r3.json"]) == 0
+    assert pipeline_main("qwen3_next", ["-f", PROFILE, "--local-nodes", "3", "--gpus-per-node", "1", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "train.megatron.parallel.ep=1" in out and "ep 1 dp 3" in out and "global batch 12" in out
-    result = json.loads((tmp_path / "r3.json").read_text())
-    assert [s["status"] for s in result["steps"]] == ["cached", "cached", "skipped", "ran"]
-    assert result["steps"][3]["result"]["world_size"] == 3
-    _no_flight_recorder_pipes_left(Path(result["run_dir"]))
+    assert "--local-nodes 3 --gpus-per-node 1: train.megatron.parallel.ep=1 " in out and "global batch: 12" in out
+    nodes = [line for line in out.splitlines() if "-m a4ray.mcore " in line]
+    assert len(nodes) == 3 and all("--nnodes=3 " in line and " --global-batch-size 12 " in line and " --ep 1 " in line
+                                   for line in nodes), out
 
 
 def test_a_converted_checkpoint_that_does_not_fit_the_model_is_refused_before_training(tmp_path, local_cluster,
