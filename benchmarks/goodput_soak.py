@@ -418,7 +418,8 @@ def fmt(x, unit="s", width=7) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--launchers", default=",".join(LAUNCHERS))
-    parser.add_argument("--faults", default=None, help=f"comma-separated, of {','.join(FAULTS)} (default: all that fit)")
+    parser.add_argument("--faults", default=None, help=f"comma-separated, of {','.join(FAULTS)} (default: all that fit; "
+                        "none: only the fault-free rounds)")
     parser.add_argument("--rounds", type=int, default=6, help="fault-free rounds, alternating the launchers")
     parser.add_argument("--iterations", type=int, default=40)
     parser.add_argument("--every", type=int, default=5, help="checkpoint interval, iterations")
@@ -457,6 +458,11 @@ def main() -> int:
     args.gpus_per_node = args.gpus_per_node or (1 if args.gpus_per_node_real else 2)
     args.size = args.size or (8192 if args.gpus_per_node_real else 384)
     launchers = args.launchers.split(",")
+    faults = [] if args.faults == "none" else args.faults.split(",") if args.faults else None
+    for given, known, option in ((launchers, LAUNCHERS, "--launchers"), (faults or [], FAULTS, "--faults")):
+        if unknown := [name for name in given if name not in known]:
+            parser.error(f"{option}: no {', '.join(unknown)}; choose from {','.join(known)}"
+                         + (" (or none: only the fault-free rounds)" if option == "--faults" else ""))
     if "ray_train" in launchers:
         try:
             import ray.train.torch  # noqa: F401
@@ -464,7 +470,8 @@ def main() -> int:
             print(f"Ray Train left out: {e}")
             launchers.remove("ray_train")
     spare = not args.gpus_per_node_real  # logical GPUs: a third node costs nothing; real ones are all in use
-    faults = args.faults.split(",") if args.faults else [f for f in FAULTS if f != "node" or spare]
+    if faults is None:
+        faults = [f for f in FAULTS if f != "node" or spare]
     rng = random.Random(args.seed)
     low, high = args.every + 2, args.iterations - args.every  # past the first checkpoint, before the last
     if high < low:
