@@ -458,7 +458,12 @@ def main() -> int:
     args.gpus_per_node = args.gpus_per_node or (1 if args.gpus_per_node_real else 2)
     args.size = args.size or (8192 if args.gpus_per_node_real else 384)
     launchers = args.launchers.split(",")
-    faults = [] if args.faults == "none" else args.faults.split(",") if args.faults else None
+    if args.faults == "none":
+        faults: list[str] | None = []
+    elif args.faults:
+        faults = args.faults.split(",")
+    else:
+        faults = None  # all that fit: decided below, once it is known whether there is a spare node
     for given, known, option in ((launchers, LAUNCHERS, "--launchers"), (faults or [], FAULTS, "--faults")):
         if unknown := [name for name in given if name not in known]:
             parser.error(f"{option}: no {', '.join(unknown)}; choose from {','.join(known)}"
