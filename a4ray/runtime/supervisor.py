@@ -127,6 +127,8 @@ class Supervisor:
         self.said_not_hung = False
         self.suspected_at: float | None = None  # wall clock: the first look of the latest suspicion
         self.analysis: threading.Thread | None = None  # torch's analyzer over a verdict's records, for the report
+        self.in_flight: dict[ray.ObjectRef, int] = {}  # each running node's long poll -> its rank
+        self.gone: dict[int, str] = {}  # rank -> Ray's word on why its node actor is gone, once a call has told
 
     def _emit(self, rank: int, poll: Poll) -> None:
         node = self.members[rank]
@@ -303,7 +305,8 @@ class Supervisor:
 
     def _watch(self) -> Outcome:
         out = self.outcome
-        pending = {a.poll.remote(0, POLL_WAIT_S): rank for rank, a in enumerate(self.actors)}
+        pending = self.in_flight
+        pending.update({a.poll.remote(0, POLL_WAIT_S): rank for rank, a in enumerate(self.actors)})
         try:
             # Standby nodes never end by themselves: the launch is over when every command has ended.
             while any(rank not in self.standby for rank in pending.values()):
@@ -390,19 +393,31 @@ class Supervisor:
 
     def _catch_up(self, ranks: list[int], wait_s: float) -> list[int]:
         """The lines these nodes have printed by now, or within `wait_s` (their launchers' word on ranks that ended
-        among them). Returns the nodes whose actor Ray says is gone (judged by _lost_among)."""
-        refs = {self.actors[r].poll.remote(self.cursors[r], wait_s): r for r in ranks}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s + 5)
+        among them). Returns the nodes whose actor Ray says is gone (judged by _lost_among). A node with its long
+        poll in flight is not asked again: that poll answers with its first news, and it is the call that fails
+        first when the node goes (its connection breaks, ~1 s; a new call waits ~2 s to fail to connect)."""
+        in_flight = {ref: r for ref, r in self.in_flight.items() if r in ranks}
+        refs = {self.actors[r].poll.remote(self.cursors[r], wait_s): r for r in ranks if r not in in_flight.values()}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s + 5) if refs else ([], [])
+        if in_flight:
+            ready += ray.wait(list(in_flight), num_returns=len(in_flight), timeout=0 if refs else wait_s)[0]
+        refs.update(in_flight)
         gone = []
         for ref in ready:
+            self.in_flight.pop(ref, None)
             try:
                 poll = ray.get(ref)
-            except ACTOR_GONE:
+            except ACTOR_GONE as e:
                 gone.append(refs[ref])
+                self.gone[refs[ref]] = why_died(e)
                 continue
             except Exception:  # noqa: BLE001 - a node that cannot answer now is judged by _lost_among
                 continue
             self._emit(refs[ref], poll)
+            if ref in in_flight and poll.running:  # the watch goes on asking it
+                self.in_flight[self.actors[refs[ref]].poll.remote(poll.cursor, POLL_WAIT_S)] = refs[ref]
+            if not poll.running:
+                self.finished.add(refs[ref])
             if not poll.running and poll.exit_code == 0:  # its ranks all ended well
                 self._node_ended(refs[ref])
         return gone
@@ -410,6 +425,9 @@ class Supervisor:
     def _lost_among(self, ranks: list[int]) -> tuple[int, str] | None:
         """The first of `ranks` whose node actor is gone, with Ray's word on why. When a node dies, its peers'
         collectives fail within milliseconds, often before Ray reports the node: the lost node is the root cause."""
+        known = next((rank for rank in ranks if rank in self.gone), None)
+        if known is not None:
+            return known, self.gone[known]
         refs = {self.actors[rank].alive.remote(): rank for rank in ranks}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=_LOST_CHECK_S)
         for ref in ready:
