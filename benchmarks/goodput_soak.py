@@ -330,6 +330,8 @@ class Soak:
             "cluster.nodes=2", f"cluster.gpus_per_node={a.gpus_per_node}", "command.torchrun=true",
             f"storage.local_workspace={work / 'ws'}", f"command.argv=[{program}, {', '.join(self.argv(work))}]",
             "restart.max_restarts=2", "restart.backoff_s=0", "cluster.stop_grace_s=5", f"timeout_s={a.cap_s}",
+            # the third node stands by as a4ray's spare, ranks warm, in every leg (what a user who keeps one pays)
+            f"cluster.spare_nodes={self.nodes - 2}",
             f"observe.watchdog.pace_floor_s={a.pace_floor_s}", f"observe.watchdog.record_timeout_s={a.record_timeout_s}",
             f"observe.summary_every={a.iterations}", *a.set], kind="command")
         result = run(spec)

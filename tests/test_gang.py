@@ -241,6 +241,38 @@ def test_a_restart_keeps_its_gang_unless_another_node_could_take_the_place_of_on
             gang.close()
 
 
+def test_a_spare_node_takes_the_place_of_one_to_leave(local_cluster, tmp_path, capsys):
+    """2 nodes and a spare on the 3-node cluster: the spare stands by in the launch (no command of its own, no rank)
+    and, when node 1 is to be kept off, takes its place on the same gang; the next launch runs on nodes 0 and 2, in
+    that order (topology order), node 2 as launch rank 1. With no spare left, the gang stays as before."""
+    spec = job("command", "cluster.nodes=2", "cluster.spare_nodes=1", "restart.max_restarts=1", "cluster.gpus_per_node=1",
+               "cluster.stop_grace_s=2", "command.argv=[bash, -c, 'echo node=$NODE_RANK; "
+               "test $NODE_RANK != 1 || exit 3; sleep 600']", workspace=tmp_path)
+    gang = Gang(spec, log_dir=str(tmp_path / "logs"))
+    try:
+        with pytest.raises(GangFailed) as failed:
+            gang.run(Command(spec).launch, timeout_s=60)
+        assert [n.gang_rank for n in failed.value.result.nodes] == [0, 1] and failed.value.result.failed_node == 1
+        assert gang.spares == [2]
+        host = gang.nodes[1].labels[GKE_HOST_LABEL]
+        assert "spare node 2 stands by for the next attempt, its ranks cold: the launch is not a4ray's rank launcher" \
+            in capsys.readouterr().out  # a plain command: no launcher of a4ray's to keep warm
+        assert gang.serves_again(failed.value.result, {host: "a straggler"})
+        assert re.search(rf"spare node 2 \(.*\) takes the place of node 1 \({host}\), which is kept off \(a straggler\)",
+                         capsys.readouterr().out)
+        assert gang.members == [0, 2] and gang.spares == []
+        with pytest.raises(GangFailed) as failed:
+            gang.run(Command(spec).launch, timeout_s=60)
+        result = failed.value.result
+        assert [(n.rank, n.gang_rank) for n in result.nodes] == [(0, 0), (1, 2)]
+        assert result.failed_node == 2 and "node=1" in result.nodes[1].last_lines
+        capsys.readouterr()
+        assert gang.serves_again(result, {gang.nodes[2].labels[GKE_HOST_LABEL]: "a straggler"})  # nowhere else to go
+        assert "the gang needs 3, and nothing can add nodes" in capsys.readouterr().out
+    finally:
+        gang.close()
+
+
 def test_timeout_stops_every_node(local_cluster, tmp_path):
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "timeout_s=3",
                "command.argv=[bash, -c, 'sleep 600 & wait']", workspace=tmp_path)

@@ -123,6 +123,9 @@ def test_a4_worker_pod_is_what_a_reviewer_expects():
     assert cluster["apiVersion"] == "ray.io/v1" and cluster["spec"]["enableInTreeAutoscaling"] is False
     (group,) = cluster["spec"]["workerGroupSpecs"]
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 4
+    (spared,) = render_cluster(spec.with_sets(["cluster.spare_nodes=1", "restart.max_restarts=1"])).main["spec"][
+        "workerGroupSpecs"]
+    assert spared["replicas"] == spared["minReplicas"] == spared["maxReplicas"] == 5  # a pod for the spare too
     assert group["resources"] == {spec.cluster.node_resource: "1"}  # what the gang's placement group asks for
     pod = group["template"]["spec"]
     (ray,) = pod["containers"]

@@ -216,7 +216,8 @@ def idle_class_available() -> bool:
 
 def test_warm_ranks_become_the_launch_handed_to_them(tmp_path):
     """Two nodes' launchers stand by with their ranks warm (started for restart 0, on one port), then are handed
-    restart 1 on another port with an env of its own: the very processes started before become the ranks, with
+    restart 1 on another port with an env of its own, each in the other's place (as a spare node takes a lost one's,
+    or a survivor the master's): the very processes started before become the ranks, with
     torchrun's env for the launch handed over (not the one they started with), run the script as `python SCRIPT`
     would (__main__, its argv, its cwd), rendezvous and all-reduce. While they wait they take only idle CPU (the idle
     class and a session nice of 19, where the kernel allows); the launch gets them back at the normal ones."""
@@ -233,7 +234,7 @@ def test_warm_ranks_become_the_launch_handed_to_them(tmp_path):
             assert time.monotonic() < deadline, "the warm ranks did not take the idle class"
             time.sleep(0.05)
     for r, proc in enumerate(launchers):
-        argv = launcher("a4ray", r, 2, 2, new_port)
+        argv = launcher("a4ray", 1 - r, 2, 2, new_port)
         argv[argv.index("--grace-s=2")] = "--restart-count=1"
         env = {**os.environ, "A4RAY_PROBE": "handed"}
         assert proc.stdin is not None
@@ -244,6 +245,7 @@ def test_warm_ranks_become_the_launch_handed_to_them(tmp_path):
         assert p.wait(timeout=120) == 0, out
     ranks = {k: v for out in outs for k, v in envs(out).items()}
     assert sorted(ranks) == ["0", "1", "2", "3"]
+    assert [sorted(envs(out)) for out in outs] == [["2", "3"], ["0", "1"]]  # the places handed over
     assert {(e["MASTER_PORT"], e["TORCHELASTIC_RESTART_COUNT"]) for e in ranks.values()} == {(str(new_port), "1")}
     ran = {pid: what for out in outs for pid, what in procs(out).items()}
     assert sorted(ran) == sorted(r.pid for node in warm.values() for r in node)  # the warm processes, no others
@@ -280,7 +282,8 @@ def test_a_warm_launcher_fits_only_a_launch_that_differs_in_what_each_launch_set
     restart = this[:3] + ["--restart-count=1", "--run-id=x-r1"] + this[3:]
     assert warm_mismatch(standby, restart) is None
     assert warm_mismatch(standby, launcher("a4ray", 0, 2, 4, 1000)) == "the launch differs in --nproc"
-    assert warm_mismatch(standby, launcher("a4ray", 1, 2, 2, 1000)) == "the launch differs in --node-rank"
+    assert warm_mismatch(standby, launcher("a4ray", 1, 2, 2, 1000)) is None  # another place: a spare's, a survivor's
+    assert warm_mismatch(standby, launcher("a4ray", 0, 3, 2, 1000)) == "the launch differs in --nnodes"
     assert warm_mismatch(standby, [*this, "--extra"]) == "the launch differs in its program or arguments"
     assert warm_mismatch(standby, ["/other/python", *this[1:]]) == f"the interpreter is /other/python, not {this[0]}"
     assert warm_mismatch(standby, launcher("torchrun", 0, 2, 2, 1000)) == "not a4ray's rank launcher"
@@ -299,7 +302,8 @@ def test_a_standby_names_the_variables_that_differ_never_their_values():
     standby.process = ManagedProcess(["sleep", "30"], env={}, cwd=None, launch_id="t", on_line=lambda _: None)
     standby.process.start()
     try:
-        same = {**env, "A4RAY_ATTEMPT": "1", "MASTER_PORT": "2000"}
+        same = {**env, "A4RAY_ATTEMPT": "1", "MASTER_PORT": "2000", "A4RAY_NODE_RANK": "1", "NODE_RANK": "1",
+                "MASTER_ADDR": "10.0.0.2"}  # another place in the gang: a spare taking a lost node's
         assert standby.mismatch(argv, same, "/work") is None
         why = standby.mismatch(argv, {**same, "HF_TOKEN": "hf_secret_two", "NEW": "1"}, "/work")
         assert why == "the env differs in HF_TOKEN, NEW" and "secret" not in why

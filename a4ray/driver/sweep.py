@@ -97,7 +97,7 @@ def sweep(spec: JobSpec, grid: Grid, *, stop_on_failure: bool = False) -> SweepR
     """Run every variant of `spec` over `grid`, one after another on this process's cluster (connecting
     as `a4ray.connect()` does if not connected yet)."""
     planned = variants(spec, grid)
-    cluster = session.current() or session.connect(local_nodes=spec.cluster.nodes,
+    cluster = session.current() or session.connect(local_nodes=spec.cluster.placed_nodes,
                                                    gpus_per_node=spec.cluster.gpus_per_node)
     workspace = cluster.workspace(spec)
     params = list(planned[0][0])

@@ -330,9 +330,9 @@ def _worker_group(spec: JobSpec, name: str, env: list[dict]) -> dict:
     pod_spec["volumes"] = [*gib_volumes, shm, *pod_storage.volumes]
     return {
         "groupName": k.worker.group,
-        "replicas": c.nodes,
-        "minReplicas": c.nodes,
-        "maxReplicas": c.nodes,
+        "replicas": c.placed_nodes,  # the gang's nodes and its spares
+        "minReplicas": c.placed_nodes,
+        "maxReplicas": c.placed_nodes,
         "rayStartParams": {},
         # One `<machine type>` Ray resource per node: the gang's placement group asks for exactly this.
         "resources": {c.node_resource: "1"},

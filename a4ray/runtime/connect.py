@@ -191,7 +191,7 @@ def connect(address: str | None = None, *, cluster: ClusterSpec | None = None, d
         dashboard_url, undo = _init(running)
         say(f"cluster: the Ray cluster already running on this machine at {running} ({_summary()})")
         return Connection(address=running, mode="running", dashboard_url=dashboard_url, _owns_ray=True, _undo=undo)
-    local = SimulatedCluster(cluster.nodes, cluster.gpus_per_node,
+    local = SimulatedCluster(cluster.placed_nodes, cluster.gpus_per_node,
                              machine_type=cluster.machine_type, topology=cluster.topology,
                              dashboard=dashboard)
     try:

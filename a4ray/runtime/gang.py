@@ -12,6 +12,10 @@ Lifecycle (one owner, as in Ray Train's worker group):
             daemons started from node 0) and is stopped when every other node's command has ended. `run`
             may be called again, on all nodes or on a subset (a test of node pairs), with a fresh
             rendezvous port each time.
+  spares -> `cluster.spare_nodes` more bundles and actors, the last in rank order, run nothing: each stands by
+            with the next attempt's launcher, its ranks warm (`node_actor`). When a node is lost, or is to be
+            kept off, the next attempt runs on the same gang with a spare in its place (the launch ranks stay in
+            topology order: the members are kept sorted by gang rank): no new placement, no cold ranks.
   close  -> actors end themselves (killed only if stuck), placement group removed.
 """
 
@@ -75,7 +79,9 @@ class Gang:
         self.pg = None
         self.actors: list = []  # in rank order once started
         self.actor_names: list[str] = []  # in rank order
-        self.nodes: list[NodeFacts] = []  # in rank order
+        self.nodes: list[NodeFacts] = []  # in rank order: the members and the spares
+        self.members: list[int] = []  # the gang ranks a launch runs on by default, in launch-rank order
+        self.left: dict[int, str] = {}  # gang rank -> why it left the members: lost, or kept off
         self.master_port: int | None = None  # of the latest launch
         self.start_s = 0.0
         self.placing_at: float | None = None  # wall clock: when the placement group was asked for
@@ -94,15 +100,16 @@ class Gang:
             can, selector, line = self.keep_off(self.avoid)
             say(f"gang {self.name}: {line}" + ("" if can else f"; placing the gang on the nodes there are, "
                                                f"{'that one' if len(self.avoid) == 1 else 'those'} included"))
-        self.pg = placement_group([dict(bundle)] * c.nodes, strategy="STRICT_SPREAD", name=self.name,
-                                  bundle_label_selector=[dict(selector)] * c.nodes if selector else None)
+        size = c.placed_nodes
+        self.pg = placement_group([dict(bundle)] * size, strategy="STRICT_SPREAD", name=self.name,
+                                  bundle_label_selector=[dict(selector)] * size if selector else None)
         self._wait_placed(t0)
         # The rank order is known from where the bundles landed, before any actor exists, so that each actor is
         # created with its node rank in its name (a Ray actor's name is fixed at creation) and its __repr__.
         planned = placed_nodes(self.pg)  # bundle index -> the node's facts as Ray's node table has them
         bundle_of = {facts.node_id: bundle for bundle, facts in planned.items()}  # STRICT_SPREAD: one per node
         order = [bundle_of[facts.node_id] for facts in rank_order(list(planned.values()), c.topology)]
-        self.actor_names = [self.actor_name(rank) for rank in range(c.nodes)]
+        self.actor_names = [self.actor_name(rank) for rank in range(size)]
         self.actors = [
             _REMOTE_NODE_ACTOR.options(
                 num_cpus=c.cpus_per_node, num_gpus=c.gpus_per_node, resources={c.node_resource: 1},
@@ -112,13 +119,20 @@ class Gang:
             for rank, bundle in enumerate(order)
         ]
         self.nodes = ray.get([a.facts.remote() for a in self.actors], timeout=max(60.0, c.start_timeout_s))
+        self.members = list(range(c.nodes))
         self.start_s = time.monotonic() - t0
-        say(f"gang {self.name}: {c.nodes} nodes x {c.gpus_per_node} GPUs placed in {self.start_s:.1f}s; "
+        spares = f" and {c.spare_nodes} spare(s)" if c.spare_nodes else ""
+        say(f"gang {self.name}: {c.nodes} nodes{spares} x {c.gpus_per_node} GPUs placed in {self.start_s:.1f}s; "
             f"master {self.nodes[0].ip}")
         for rank, node in enumerate(self.nodes):
             say(f"  node {rank}: {node.describe(c.topology)} gpus={','.join(node.gpu_ids) or '-'} "
-                f"actor {self.actor_names[rank]}")
+                f"actor {self.actor_names[rank]}" + ("" if rank in self.members else " (spare)"))
         return self.nodes
+
+    @property
+    def spares(self) -> list[int]:
+        """The gang ranks standing by: placed, alive as far as the gang knows, running nothing."""
+        return [g for g in range(len(self.actors)) if g not in self.members and g not in self.left]
 
     def keep_off(self, avoid: dict[str, str]) -> tuple[bool, dict[str, str] | None, str]:
         """Whether a gang can be placed off the hosts in `avoid` (host -> why): other nodes fit it, or something can
@@ -129,31 +143,44 @@ class Gang:
         fitting = whole_nodes(c)
         labels = [n.get("Labels") or {} for n in fitting]
         host_of = [lab.get(t.host_label) or n.get("NodeManagerHostname", "") for n, lab in zip(fitting, labels)]
-        others = len(fitting) - len([h for h in host_of if h in avoid])
+        others, need = len(fitting) - len([h for h in host_of if h in avoid]), c.placed_nodes
         if all(t.host_label in lab for lab in labels):
             selector = {t.host_label: f"!in({','.join(sorted(avoid))})"}
         else:
             ids = [n["NodeID"] for n, h in zip(fitting, host_of) if h in avoid]
             selector = {"ray.io/node-id": f"!in({','.join(ids)})"} if ids else {}
         what = f"{', '.join(sorted(avoid))} ({'; '.join(f'{host}: {why}' for host, why in avoid.items())})"
-        if others >= c.nodes:
-            return True, selector or None, f"keeping off {what}; {others} other node(s) fit, the gang needs {c.nodes}"
+        if others >= need:
+            return True, selector or None, f"keeping off {what}; {others} other node(s) fit, the gang needs {need}"
         grows, why = cluster_growth()
         if grows:
             return True, selector or None, (f"keeping off {what}; only {others} other node(s) fit and the gang needs "
-                                            f"{c.nodes}: waiting for new nodes ({why})")
-        return False, None, (f"cannot keep off {what}: only {others} other node(s) fit and the gang needs {c.nodes}, "
+                                            f"{need}: waiting for new nodes ({why})")
+        return False, None, (f"cannot keep off {what}: only {others} other node(s) fit and the gang needs {need}, "
                              f"and {why}")
 
     def serves_again(self, failed: GangResult, leave: dict[str, str]) -> bool:
-        """Whether the next attempt can run on this gang, as placed: none of its nodes was lost, and none is to be
-        kept off (`leave`: host -> why) where a gang could be placed without it. Where it could not, a new gang
-        would land on the same nodes, at the cost of a placement and a node actor per node (seconds on a busy
-        cluster). The failed launch's processes were all stopped with it."""
-        if not self.actors or any(n.status == "lost" for n in failed.nodes):
+        """Whether the next attempt can run on this gang: with a spare in the place of each member that was lost or
+        is to be kept off (`leave`: host -> why), or, with no spares for them, where none was lost and a gang could
+        not be placed without those kept off (a new gang would land on the same nodes, at the cost of a placement
+        and a node actor per node: seconds on a busy cluster). The failed launch's processes were all stopped."""
+        if not self.actors:
             return False
-        ours = {n.host for n in failed.nodes}
-        mine = {host: why for host, why in leave.items() if host in ours}
+        host = {g: node.short_name(self.cluster.topology) for g, node in enumerate(self.nodes)}
+        lost = {n.gang_rank for n in failed.nodes if n.status == "lost"}
+        self.left.update({g: "was lost" for g in lost})
+        out = [g for g in self.members if g in lost or host[g] in leave]
+        spares = [g for g in self.alive(self.spares) if host[g] not in leave] if out else []
+        if out and len(spares) >= len(out):
+            for gone, spare in zip(out, spares):
+                self.left[gone] = "was lost" if gone in lost else f"is kept off ({leave[host[gone]]})"
+                say(f"gang {self.name}: spare node {spare} ({self.nodes[spare].describe(self.cluster.topology)}) "
+                    f"takes the place of node {gone} ({host[gone]}), which {self.left[gone]}")
+            self.members = sorted(set(self.members) - set(out) | set(spares[:len(out)]))  # topology order kept
+            return True
+        if lost:
+            return False
+        mine = {h: why for h, why in leave.items() if h in {host[g] for g in self.members}}
         if not mine:
             return True
         can, _, line = self.keep_off(mine)
@@ -161,6 +188,19 @@ class Gang:
             say(f"gang {self.name}: {line}; the next attempt runs on this gang, {'that node' if len(mine) == 1 else 'those'} "
                 "included")
         return not can
+
+    def alive(self, ranks: list[int], wait_s: float = 5.0) -> list[int]:
+        """Those of gang ranks `ranks` whose node actor answers within `wait_s`; the others have left (lost)."""
+        asked = {self.actors[g].alive.remote(): g for g in ranks}
+        ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=wait_s) if asked else ([], [])
+        answered = set()
+        for ref in ready:
+            with contextlib.suppress(Exception):  # gone: Ray's word comes with the next attempt that needs it
+                ray.get(ref)
+                answered.add(asked[ref])
+        for g in set(ranks) - answered:
+            self.left[g] = "was lost while standing by"
+        return [g for g in ranks if g in answered]
 
     @property
     def step(self) -> str:
@@ -249,7 +289,7 @@ class Gang:
         supervise until all commands end, one fails, or time runs out."""
         if not self.actors:
             self.start()
-        members = list(range(len(self.nodes))) if nodes is None else list(nodes)
+        members = list(self.members) if nodes is None else list(nodes)
         if not members or len(set(members)) != len(members) or not all(0 <= g < len(self.nodes) for g in members):
             raise ValueError(f"nodes={nodes}: need distinct gang ranks in 0..{len(self.nodes) - 1}")
         log_dir = log_dir or self.log_dir
@@ -280,6 +320,11 @@ class Gang:
             for rank, launch in enumerate(launches)
         ]
         actors = [self.actors[g] for g in members]
+        # The spares stand by for the next attempt as the last member would run it, their ranks warm: any member's
+        # command, for the launch rank, the master and the port are the hand-over's (ranks.PER_LAUNCH_ARGS).
+        spares = {g: self.actors[g].launch.remote(requests[-1].model_copy(update={
+            "warm_only": True, "node_rank": g, "launch_id": f"{launch_id}-n{g}"}), env_name)
+            for g in (self.spares if nodes is None and requests[-1].warm_next else [])}
         infos = {}  # rank -> what its node launched; a node lost while launching is the supervisor's to report
         for rank, ref in enumerate([a.launch.remote(r, env_name) for a, r in zip(actors, requests)]):
             try:
@@ -293,6 +338,13 @@ class Gang:
                 pass  # its first poll finds the actor gone: "node N was lost", and the restart policy decides
         say("\n".join(summarize_reports([info.env_report for info in infos.values()], [members[r] for r in infos],
                                          log_dir)))
+        for g, ref in spares.items():
+            try:
+                info = ray.get(ref, timeout=60)
+                say(f"launch {launch_id}: spare node {g} stands by for the next attempt, " + (
+                    "its ranks warm" if info.ranks == "warm" else f"its ranks {info.ranks}"))
+            except Exception as e:  # noqa: BLE001 - a spare that cannot warm up still stands by, cold
+                say(f"launch {launch_id}: spare node {g} stands by cold: {type(e).__name__}: {e}")
         starts = {info.ranks for info in infos.values() if info.ranks}
         if starts:
             say(f"launch {launch_id}: ranks warm on every node (started with the last attempt)" if starts == {"warm"}
@@ -428,7 +480,7 @@ def placed_nodes(pg) -> dict[int, NodeFacts]:
 
 def fits_the_nodes(spec: JobSpec) -> bool:
     """Whether the cluster's alive nodes could hold the gang if nothing else ran (else only new nodes can)."""
-    return len(whole_nodes(spec.cluster)) >= spec.cluster.nodes
+    return len(whole_nodes(spec.cluster)) >= spec.cluster.placed_nodes
 
 
 def whole_nodes(c) -> list[dict]:
@@ -468,8 +520,9 @@ def cluster_growth() -> tuple[bool | None, str]:
 def explain_unplaceable(spec: JobSpec, pg_name: str, lead: str | None = None) -> str:
     """Why the gang could not be placed: what it needs against what the cluster has."""
     c = spec.cluster
-    need = (f"the gang needs {c.nodes} node(s) with resource '{c.node_resource}' and {c.gpus_per_node} "
-            f"GPU(s) each, one per node")
+    spares = f" ({c.nodes} and {c.spare_nodes} spare)" if c.spare_nodes else ""
+    need = (f"the gang needs {c.placed_nodes} node(s){spares} with resource '{c.node_resource}' and "
+            f"{c.gpus_per_node} GPU(s) each, one per node")
     alive = [n for n in ray.nodes() if n.get("Alive")]
     typed = [n for n in alive if n["Resources"].get(c.node_resource, 0) >= 1]
     fitting = [n for n in typed if n["Resources"].get("GPU", 0) >= c.gpus_per_node]

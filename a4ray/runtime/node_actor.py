@@ -50,7 +50,7 @@ from a4ray.programs.record import (  # what a4ray's rank programs print and serv
     RESULT_MARKER,
 )
 from a4ray.runtime import ranks
-from a4ray.runtime.netenv import EnvLayer, build_env, gib_layer, source_script
+from a4ray.runtime.netenv import LAUNCH_CONTRACT, EnvLayer, build_env, gib_layer, source_script
 from a4ray.runtime.process import LAUNCH_ID_VAR, ManagedProcess, launch_processes
 from a4ray.runtime.reaper import flight_recorder_pipes, make_flight_recorder_pipes, sweep_flight_recorder_pipes
 from a4ray.runtime.topology import NodeFacts
@@ -102,6 +102,7 @@ class LaunchRequest(BaseModel):
     flight_recorder: bool = False
     compile_cache_env: dict[str, str] = {}  # torch.compile's and Triton's caches on shared storage (defaults only)
     warm_next: bool = False  # another attempt may follow: start its launcher, ranks warm, with this one
+    warm_only: bool = False  # a spare node: run nothing, only stand by for the next attempt with `argv`'s launcher
 
 
 class Poll(BaseModel):
@@ -344,7 +345,7 @@ class NodeActor:
         self._redactor.add(secret_values(launch_env.env))
         self._env = launch_env.env
 
-        for path, content in request.files.items():
+        for path, content in {} if request.warm_only else request.files.items():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(content)
         log_dir = Path(request.log_dir)
@@ -353,6 +354,13 @@ class NodeActor:
         self._node_log = open(node_log, "a", buffering=1)
         report = launch_env.report(self._redactor)
         self._node_log.write("".join(f"# env {line}\n" for line in report))
+        if request.warm_only:  # a spare: nothing runs until the next attempt takes this node
+            self._node_log.write("# spare: standing by for the next attempt\n")
+            if ranks.launcher_args(request.argv) is None:
+                return LaunchInfo(env_report=report, log_file=str(node_log), pid=-1,
+                                  ranks="cold: the launch is not a4ray's rank launcher")
+            self._stand_by(request, launch_env.env)
+            return LaunchInfo(env_report=report, log_file=str(node_log), pid=-1, ranks="warm")
         if not request.argv:
             self._node_log.write("# standby: serving exec requests until stopped\n")
             self._standby.set()
@@ -785,9 +793,9 @@ def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
 
 
 # What a launch sets anew for each attempt and a rank reads only when it uses it (the process group, a dump, its exit):
-# a warm rank takes them at the hand-over. Any other difference in the env makes the next attempt a cold one.
-PER_LAUNCH_VARS = {"A4RAY_ATTEMPT", "MASTER_PORT", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
-                   flight.EXIT_DUMP_ENV, FR_SOCKET_DIR_ENV}
+# a warm rank takes them at the hand-over, the node's place in the gang (torchrun's contract) among them. Any other difference in the env makes the next attempt a cold one.
+PER_LAUNCH_VARS = {"A4RAY_ATTEMPT", "A4RAY_NODE_RANK", *LAUNCH_CONTRACT, "TORCH_FR_DUMP_TEMP_FILE",
+                   "TORCH_NCCL_DEBUG_INFO_PIPE_FILE", flight.EXIT_DUMP_ENV, FR_SOCKET_DIR_ENV}
 
 # A variable set under either name is the user's choice.
 _FR_OLD_NAMES = {"TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",

@@ -49,6 +49,10 @@ class ClusterSpec(Spec):
     machine_type: str = Field("a4-highgpu-8g", pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=63)
     cpus_per_node: Number = Field(1, gt=0, le=MAX_CPUS_PER_NODE,
                                   description="Ray CPUs the node actor reserves per node")
+    spare_nodes: Integer = Field(
+        0, ge=0, le=MAX_NODES, description="nodes placed with the gang that run nothing and stand by, their ranks "
+        "warm, to take the place of a lost node (or one a restart keeps off) at once: no new placement, no cold start. "
+        "Needs restart.max_restarts >= 1")
     start_timeout_s: Seconds = Field(120, description="how long to wait for the gang to be placed")
     stop_grace_s: Seconds = Field(10, description="SIGTERM to SIGKILL grace when stopping a node")
     launcher: Literal["a4ray", "torchrun"] = Field(
@@ -65,6 +69,11 @@ class ClusterSpec(Spec):
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def placed_nodes(self) -> int:
+        """The nodes the gang holds: those that train and the spares."""
+        return self.nodes + self.spare_nodes
 
 
 A4_NCCL_OVERRIDES = {

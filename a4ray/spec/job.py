@@ -61,6 +61,16 @@ class JobSpec(Spec):
         return self
 
     @model_validator(mode="after")
+    def _spares_stand_by_for_a_restart(self) -> Self:
+        spares = self.cluster.spare_nodes
+        if spares and not self.restart.max_restarts:
+            raise PydanticCustomError(
+                "spares_without_restarts", "{problem}", {"path": ("cluster", "spare_nodes"), "problem": (
+                    f"{spares} spare node(s) would stand by for a restart that restart.max_restarts=0 never makes: "
+                    "set restart.max_restarts >= 1, or cluster.spare_nodes to 0")})
+        return self
+
+    @model_validator(mode="after")
     def _writes_inside_the_workspace(self) -> Self:
         for loc, path in self.write_paths():
             problem = write_path_problem(path, self.storage.workspace, self.storage.local_workspace)

@@ -187,7 +187,10 @@ class Workload(ABC, Generic[S]):
         return Plan(job=self.spec.name, kind=self.spec.kind, rank_order=order, env=env,
                     nodes=[NodePlan(rank=i, argv=launch.argv, env=launch.env, cwd=launch.cwd)
                            for i, launch in enumerate(launches)],
-                    notes=[f"hang watchdog: {self.spec.observe.watchdog.rule()}"])
+                    notes=[f"hang watchdog: {self.spec.observe.watchdog.rule()}"] + ([
+                        f"spare nodes: {c.spare_nodes}, placed with the gang; each runs nothing and stands by, its "
+                        "ranks warm, to take the place of a lost node (or one a restart keeps off)"]
+                        if c.spare_nodes else []))
 
 
 def _live_goodput(job: str, run: str, gang: Gang, attempt: int, attempts: list[AttemptRecord],
