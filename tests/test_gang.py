@@ -272,6 +272,25 @@ def test_a_spare_node_takes_the_place_of_one_to_leave(local_cluster, tmp_path, c
     finally:
         gang.close()
 
+    # A spare whose actor is gone by the time it is needed takes no place: it has left, and the gang goes on as
+    # without spares.
+    gang = Gang(spec, log_dir=str(tmp_path / "logs-2"))
+    try:
+        with pytest.raises(GangFailed) as failed:
+            gang.run(Command(spec).launch, timeout_s=60)
+        ray.kill(gang.actors[2])
+        deadline = time.monotonic() + 30  # ray.kill returns before the actor is gone
+        with pytest.raises(ray.exceptions.RayActorError):
+            while time.monotonic() < deadline:
+                ray.get(gang.actors[2].alive.remote(), timeout=30)
+                time.sleep(0.1)
+        capsys.readouterr()
+        assert gang.serves_again(failed.value.result, {gang.nodes[1].labels[GKE_HOST_LABEL]: "a straggler"})
+        assert gang.left == {2: "was lost while standing by"} and gang.members == [0, 1] and gang.spares == []
+        assert "takes the place" not in (out := capsys.readouterr().out) and "cannot keep off" in out, out
+    finally:
+        gang.close()
+
 
 def test_timeout_stops_every_node(local_cluster, tmp_path):
     spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "timeout_s=3",

@@ -216,10 +216,10 @@ class Gang:
 
     def _identity(self, rank: int, node: NodeFacts) -> NodeIdentity:
         g = self.cluster.gpus_per_node
+        ranks = "spare" if rank >= self.cluster.nodes else f"{rank * g}-{rank * g + g - 1}" if g > 1 else str(rank)
         return NodeIdentity(run=self.run_id, step=self.step, node_rank=rank,
                             host=node.short_name(self.cluster.topology), ip=node.ip,
-                            block=node.labels.get(self.cluster.topology.block_label, ""),
-                            ranks=f"{rank * g}-{rank * g + g - 1}" if g > 1 else str(rank))
+                            block=node.labels.get(self.cluster.topology.block_label, ""), ranks=ranks)
 
     def _wait_placed(self, t0: float) -> None:
         """Wait for the placement group, at most cluster.start_timeout_s. A gang the cluster's nodes can never

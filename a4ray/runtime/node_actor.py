@@ -81,7 +81,7 @@ class NodeIdentity(BaseModel):
     host: str  # the host label (e.g. GCE's physical host), else the hostname
     ip: str
     block: str = ""  # the topology block label, where the node has one
-    ranks: str = ""  # the global ranks it runs, e.g. "8-15"
+    ranks: str = ""  # the global ranks it runs, e.g. "8-15" ("spare": none, standing by; its Repr keeps it)
 
 
 class LaunchRequest(BaseModel):
