@@ -245,8 +245,8 @@ def test_a_spare_node_takes_the_place_of_one_to_leave(local_cluster, tmp_path, c
     """2 nodes and a spare on the 3-node cluster: the spare stands by in the launch (no command of its own, no rank)
     and, when node 1 is to be kept off, takes its place on the same gang; the next launch runs on nodes 0 and 2, in
     that order (topology order), node 2 as launch rank 1. With no spare left, the gang stays as before."""
-    spec = job("command", "cluster.nodes=2", "cluster.spare_nodes=1", "restart.max_restarts=1", "cluster.gpus_per_node=1",
-               "cluster.stop_grace_s=2", "command.argv=[bash, -c, 'echo node=$NODE_RANK; "
+    spec = job("command", "cluster.nodes=2", "cluster.spare_nodes=1", "restart.max_restarts=1",
+               "cluster.gpus_per_node=1", "cluster.stop_grace_s=2", "command.argv=[bash, -c, 'echo node=$NODE_RANK; "
                "test $NODE_RANK != 1 || exit 3; sleep 600']", workspace=tmp_path)
     gang = Gang(spec, log_dir=str(tmp_path / "logs"))
     try:
@@ -258,8 +258,8 @@ def test_a_spare_node_takes_the_place_of_one_to_leave(local_cluster, tmp_path, c
         assert "spare node 2 stands by for the next attempt, its ranks cold: the launch is not a4ray's rank launcher" \
             in capsys.readouterr().out  # a plain command: no launcher of a4ray's to keep warm
         assert gang.serves_again(failed.value.result, {host: "a straggler"})
-        assert re.search(rf"spare node 2 \(.*\) takes the place of node 1 \({host}\), which is kept off \(a straggler\)",
-                         capsys.readouterr().out)
+        assert re.search(rf"spare node 2 \(.*\) takes the place of node 1 \({host}\), which is kept off "
+                         r"\(a straggler\)", capsys.readouterr().out)
         assert gang.members == [0, 2] and gang.spares == []
         with pytest.raises(GangFailed) as failed:
             gang.run(Command(spec).launch, timeout_s=60)

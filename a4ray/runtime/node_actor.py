@@ -793,7 +793,8 @@ def _flight_recorder_env(request: LaunchRequest) -> dict[str, str]:
 
 
 # What a launch sets anew for each attempt and a rank reads only when it uses it (the process group, a dump, its exit):
-# a warm rank takes them at the hand-over, the node's place in the gang (torchrun's contract) among them. Any other difference in the env makes the next attempt a cold one.
+# a warm rank takes them at the hand-over, the node's place in the gang (torchrun's contract) among them. Any other
+# difference in the env makes the next attempt a cold one.
 PER_LAUNCH_VARS = {"A4RAY_ATTEMPT", "A4RAY_NODE_RANK", *LAUNCH_CONTRACT, "TORCH_FR_DUMP_TEMP_FILE",
                    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE", flight.EXIT_DUMP_ENV, FR_SOCKET_DIR_ENV}
 

@@ -68,7 +68,8 @@ _PR_SET_CHILD_SUBREAPER = 36
 MODULE = "a4ray.runtime.ranks"
 # What the gang sets anew for each launch, which a rank reads only when it uses it (after its start): a warm rank
 # takes it at the hand-over. The node's place (its rank, the master) is among them: a spare node's warm ranks, or a
-# survivor's after the master's node was lost, take a place other than the one they stood by as. Any other difference in the launcher's arguments makes the next attempt a cold one.
+# survivor's after the master's node was lost, take a place other than the one they stood by as. Any other difference
+# in the launcher's arguments makes the next attempt a cold one.
 PER_LAUNCH_ARGS = ("node_rank", "master_addr", "master_port", "run_id", "restart_count", "warm")
 
 
