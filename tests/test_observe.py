@@ -137,8 +137,10 @@ def gang_node_ids() -> set[str]:
 def test_a_lost_node_is_survived_by_a_restart_from_checkpoint(extra_nodes, tmp_path, capfd):
     """First with a spare node in the gang: node 0 (the master) is lost, the spare takes its place on the same gang
     (no new placement) and both nodes' ranks are the warm ones that stood by, each in a place other than the one it
-    stood by as. Then without a spare: the next attempt runs on a new gang, on the cluster's free node."""
-    cluster = extra_nodes(nodes=4, gpus=1)  # 2 nodes and a spare, and one more free node for the second run
+    stood by as. Then without a spare: the next attempt runs on a new gang, on the cluster's free node. The A4 shape in
+    miniature: 2 ranks a node; the lost node's peers fail on it (gloo's "Connection reset"), and the verdict names
+    the lost node, not them."""
+    cluster = extra_nodes(nodes=4, gpus=2)  # 2 nodes and a spare, and one more free node for the second run
     script, state = tmp_path / "trainer.py", tmp_path / "state.json"
     script.write_text(CHECKPOINTING_TRAINER)
 
@@ -153,7 +155,7 @@ def test_a_lost_node_is_survived_by_a_restart_from_checkpoint(extra_nodes, tmp_p
         thread.start()
         return thread
 
-    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", "command.torchrun=true",
+    spec = job("command", "cluster.nodes=2", "cluster.gpus_per_node=2", "command.torchrun=true",
                f"command.argv=[{script}, {state}]", "restart.max_restarts=2", "restart.backoff_s=1", *cluster.sets,
                workspace=tmp_path)
     killer = kill_a_gang_node_at(4)
