@@ -153,6 +153,7 @@ class ExtraNodes:
         self.session, self.machine_type = session, machine_type
         self.workers: dict[int, object] = {}  # 0.. -> ray._private.node.Node
         self._index: dict[int, int] = {}  # 0.. -> the node's index in the session cluster
+        self._added = 0  # nodes added so far: the next one's index
 
     @property
     def address(self) -> str:
@@ -165,6 +166,13 @@ class ExtraNodes:
     def add(self, index: int, session_index: int, gpus: int, env: dict[str, str]) -> None:
         self.workers[index] = self.session.add_node(session_index, machine_type=self.machine_type, gpus=gpus, env=env)
         self._index[index] = session_index
+        self._added = max(self._added, index + 1)
+
+    def grow(self, gpus: int = 1) -> int:
+        """One more node of the group's machine type (a recreated pod, a repaired machine); returns its index."""
+        index = self._added
+        self.add(index, next(_extra_node_index), gpus, {})
+        return index
 
     def ip(self, index: int) -> str:
         """Node `index`'s own address (its Ray node IP)."""

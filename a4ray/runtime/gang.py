@@ -16,6 +16,9 @@ Lifecycle (one owner, as in Ray Train's worker group):
             with the next attempt's launcher, its ranks warm (`node_actor`). When a node is lost, or is to be
             kept off, the next attempt runs on the same gang with a spare in its place (the launch ranks stay in
             topology order: the members are kept sorted by gang rank): no new placement, no cold ranks.
+            Ray places a lost node's bundle again where a node fits it (KubeRay's recreated pod, a repaired
+            machine); while a launch runs, the gang starts a node actor there, a spare again, warmed like the
+            others: spares last through more than one loss.
   close  -> actors end themselves (killed only if stuck), placement group removed.
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -63,6 +67,7 @@ _REMOTE_NODE_ACTOR = ray.remote(NodeActor)
 _PLACE_POLL_S = 2.0  # how often a waiting gang asks whether the cluster could ever hold it
 _STATUS_STALE_S = 60.0  # an autoscaler status older than this is no autoscaler's
 _END_WAIT_S = 10.0  # how long closing waits for node actors to end themselves before killing them
+_RESTORE_POLL_S = 5.0  # while a launch runs, how often the gang looks for a lost node's bundle placed again
 
 
 class Gang:
@@ -79,6 +84,7 @@ class Gang:
         self.pg = None
         self.actors: list = []  # in rank order once started
         self.actor_names: list[str] = []  # in rank order
+        self.bundles: list[int] = []  # gang rank -> its placement-group bundle
         self.nodes: list[NodeFacts] = []  # in rank order: the members and the spares
         self.members: list[int] = []  # the gang ranks a launch runs on by default, in launch-rank order
         self.left: dict[int, str] = {}  # gang rank -> why it left the members: lost, or kept off
@@ -87,6 +93,7 @@ class Gang:
         self.placing_at: float | None = None  # wall clock: when the placement group was asked for
         self.observers: list[LineObserver] = []
         self._runs = 0
+        self._restored = 0  # node actors started again in lost nodes' bundles
 
     # ------------------------------------------------------------------------------------ start
     def start(self) -> list[NodeFacts]:
@@ -110,14 +117,8 @@ class Gang:
         bundle_of = {facts.node_id: bundle for bundle, facts in planned.items()}  # STRICT_SPREAD: one per node
         order = [bundle_of[facts.node_id] for facts in rank_order(list(planned.values()), c.topology)]
         self.actor_names = [self.actor_name(rank) for rank in range(size)]
-        self.actors = [
-            _REMOTE_NODE_ACTOR.options(
-                num_cpus=c.cpus_per_node, num_gpus=c.gpus_per_node, resources={c.node_resource: 1},
-                max_concurrency=8, name=self.actor_names[rank],
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle),
-            ).remote(self._identity(rank, planned[bundle]))
-            for rank, bundle in enumerate(order)
-        ]
+        self.bundles = order
+        self.actors = [self._node_actor(rank, planned[bundle]) for rank, bundle in enumerate(order)]
         self.nodes = ray.get([a.facts.remote() for a in self.actors], timeout=max(60.0, c.start_timeout_s))
         self.members = list(range(c.nodes))
         self.start_s = time.monotonic() - t0
@@ -128,6 +129,16 @@ class Gang:
             say(f"  node {rank}: {node.describe(c.topology)} gpus={','.join(node.gpu_ids) or '-'} "
                 f"actor {self.actor_names[rank]}" + ("" if rank in self.members else " (spare)"))
         return self.nodes
+
+    def _node_actor(self, rank: int, node: NodeFacts):
+        """Gang rank `rank`'s node actor, in its bundle, on `node` (as Ray's node table has it)."""
+        c = self.cluster
+        return _REMOTE_NODE_ACTOR.options(
+            num_cpus=c.cpus_per_node, num_gpus=c.gpus_per_node, resources={c.node_resource: 1},
+            max_concurrency=8, name=self.actor_names[rank],
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg,
+                                                                 placement_group_bundle_index=self.bundles[rank]),
+        ).remote(self._identity(rank, node))
 
     @property
     def spares(self) -> list[int]:
@@ -216,7 +227,8 @@ class Gang:
 
     def _identity(self, rank: int, node: NodeFacts) -> NodeIdentity:
         g = self.cluster.gpus_per_node
-        ranks = "spare" if rank >= self.cluster.nodes else f"{rank * g}-{rank * g + g - 1}" if g > 1 else str(rank)
+        spare = rank >= self.cluster.nodes or rank in self.left  # a restored spare stands in a lost member's bundle
+        ranks = "spare" if spare else f"{rank * g}-{rank * g + g - 1}" if g > 1 else str(rank)
         return NodeIdentity(run=self.run_id, step=self.step, node_rank=rank,
                             host=node.short_name(self.cluster.topology), ip=node.ip,
                             block=node.labels.get(self.cluster.topology.block_label, ""), ranks=ranks)
@@ -320,11 +332,15 @@ class Gang:
             for rank, launch in enumerate(launches)
         ]
         actors = [self.actors[g] for g in members]
-        # The spares stand by for the next attempt as the last member would run it, their ranks warm: any member's
-        # command, for the launch rank, the master and the port are the hand-over's (ranks.PER_LAUNCH_ARGS).
-        spares = {g: self.actors[g].launch.remote(requests[-1].model_copy(update={
-            "warm_only": True, "node_rank": g, "launch_id": f"{launch_id}-n{g}"}), env_name)
-            for g in (self.spares if nodes is None and requests[-1].warm_next else [])}
+
+        def standby(g: int):
+            """Spare `g` stands by for the next attempt as the last member would run it, its ranks warm: any member's
+            command, for the launch rank, the master and the port are the hand-over's (ranks.PER_LAUNCH_ARGS)."""
+            return self.actors[g].launch.remote(requests[-1].model_copy(update={
+                "warm_only": True, "node_rank": g, "launch_id": f"{launch_id}-n{g}"}), env_name)
+
+        warm_spares = nodes is None and requests[-1].warm_next
+        spares = {g: standby(g) for g in (self.spares if warm_spares else [])}
         infos = {}  # rank -> what its node launched; a node lost while launching is the supervisor's to report
         for rank, ref in enumerate([a.launch.remote(r, env_name) for a, r in zip(actors, requests)]):
             try:
@@ -339,12 +355,7 @@ class Gang:
         say("\n".join(summarize_reports([info.env_report for info in infos.values()], [members[r] for r in infos],
                                          log_dir)))
         for g, ref in spares.items():
-            try:
-                info = ray.get(ref, timeout=60)
-                say(f"launch {launch_id}: spare node {g} stands by for the next attempt, " + (
-                    "its ranks warm" if info.ranks == "warm" else f"its ranks {info.ranks}"))
-            except Exception as e:  # noqa: BLE001 - a spare that cannot warm up still stands by, cold
-                say(f"launch {launch_id}: spare node {g} stands by cold: {type(e).__name__}: {e}")
+            self._stands_by(g, ref, launch_id)
         starts = {info.ranks for info in infos.values() if info.ranks}
         if starts:
             say(f"launch {launch_id}: ranks warm on every node (started with the last attempt)" if starts == {"warm"}
@@ -360,7 +371,10 @@ class Gang:
             actors, members, wheres, [self.node_ref(g) for g in members], launches, timeout_s,
             observe=self.spec.observe, observers=self.observers, stop=self._stop, hang_dir=hang_dir,
             log_dir=log_dir, tags=(self.spec.name, self.run_id), records_dir=Path(log_dir) / "flight-recorder")
-        outcome = supervisor.watch()
+        restoring = self._restoring(standby if warm_spares else None, launch_id) if nodes is None else \
+            contextlib.nullcontext()
+        with restoring:
+            outcome = supervisor.watch()
         outcome.times.started_at, outcome.times.ended_at = started_at, time.time()
         outcome.times.placing_at = self.placing_at
         result = self._collect(members, outcome, time.monotonic() - t0, log_dir, launch_id)
@@ -368,6 +382,67 @@ class Gang:
             error_cls = {"timeout": GangTimeout, "cancelled": Cancelled, "hang": GangHang}.get(outcome.kind, GangFailed)
             raise error_cls(result.failure or "the gang failed", result=result, hint=outcome.hint)
         return result
+
+    @staticmethod
+    def _stands_by(g: int, ref, launch_id: str) -> None:
+        """Say how spare `g` stands by, once its node actor has answered `ref` (its warm-only launch)."""
+        try:
+            info = ray.get(ref, timeout=60)
+            say(f"launch {launch_id}: spare node {g} stands by for the next attempt, " + (
+                "its ranks warm" if info.ranks == "warm" else f"its ranks {info.ranks}"))
+        except Exception as e:  # noqa: BLE001 - a spare that cannot warm up still stands by, cold
+            say(f"launch {launch_id}: spare node {g} stands by cold: {type(e).__name__}: {e}")
+
+    @contextlib.contextmanager
+    def _restoring(self, standby: Callable[[int], object] | None, launch_id: str):
+        """While the block runs (a launch), every _RESTORE_POLL_S: `restore_spares`, in a thread of its own. The block
+        ends by waiting for a restore under way (a node actor's start: a second or two, and only in the seconds after
+        Ray placed a bundle again), so that the gang's state is one thread's again."""
+        if not self.cluster.spare_nodes:
+            yield
+            return
+        done = threading.Event()
+
+        def restore() -> None:
+            while True:
+                try:
+                    self.restore_spares(standby, launch_id)
+                except Exception as e:  # noqa: BLE001 - a spare not restored now is looked for with the next launch
+                    say(f"gang {self.name}: no spare restored: {type(e).__name__}: {e}")
+                    return
+                if done.wait(_RESTORE_POLL_S):
+                    return
+
+        thread = threading.Thread(target=restore, name=f"{self.name}-spares", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+
+    def restore_spares(self, standby: Callable[[int], object] | None = None, launch_id: str = "") -> list[int]:
+        """A spare again in the bundle of each lost node that Ray has placed on a live node since: a node actor there,
+        standing by (`standby(g)`: its launch of the next attempt's launcher, warm). The gang ranks made spares."""
+        lost = [g for g, why in self.left.items() if why.startswith("was lost")]
+        if not lost or self.pg is None:
+            return []
+        placed = placed_nodes(self.pg)
+        live = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        again = [g for g in lost if (node := placed.get(self.bundles[g])) is not None and node.node_id in live
+                 and node.node_id != self.nodes[g].node_id]
+        for g in again:
+            self._restored += 1
+            self.actor_names[g] = f"{self.actor_name(g)}-s{self._restored}"  # the lost actor's name may be held yet
+            actor = self._node_actor(g, placed[self.bundles[g]])
+            self.nodes[g] = ray.get(actor.facts.remote(), timeout=max(60.0, self.cluster.start_timeout_s))
+            self.actors[g] = actor
+            del self.left[g]
+            say(f"gang {self.name}: the bundle of node {g}, which was lost, is placed again on "
+                f"{self.nodes[g].describe(self.cluster.topology)}: a spare again, actor {self.actor_names[g]}")
+            if standby is not None:
+                self._stands_by(g, standby(g), launch_id)
+        return again
 
     def _collect(self, members: list[int], outcome: Outcome, run_s: float, log_dir: str,
                  launch_id: str) -> GangResult:
@@ -467,15 +542,15 @@ class Gang:
 
 
 def placed_nodes(pg) -> dict[int, NodeFacts]:
-    """{bundle index: the facts of the node it was placed on} of a placed placement group, from Ray's node table
-    (the id, IP and labels that rank the node; the node actor reports the rest)."""
+    """{bundle index: the facts of the node it is placed on} of a placement group, from Ray's node table (the id, IP
+    and labels that rank the node; the node actor reports the rest). A bundle placed on no node is left out."""
     where = placement_group_table(pg)["bundles_to_node_id"]
     table = {n["NodeID"]: n for n in ray.nodes()}
     return {int(bundle): NodeFacts(
         node_id=node_id, ip=table[node_id]["NodeManagerAddress"],
         hostname=table[node_id].get("NodeManagerHostname", ""),
         labels={k: v for k, v in (table[node_id].get("Labels") or {}).items() if not k.startswith("ray.io/")})
-        for bundle, node_id in where.items()}
+        for bundle, node_id in where.items() if node_id in table}
 
 
 def fits_the_nodes(spec: JobSpec) -> bool:
