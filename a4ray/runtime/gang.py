@@ -395,9 +395,9 @@ class Gang:
 
     @contextlib.contextmanager
     def _restoring(self, standby: Callable[[int], object] | None, launch_id: str):
-        """While the block runs (a launch), every _RESTORE_POLL_S: `restore_spares`, in a thread of its own. The block
-        ends by waiting for a restore under way (a node actor's start: a second or two, and only in the seconds after
-        Ray placed a bundle again), so that the gang's state is one thread's again."""
+        """While the block runs (a launch), every _RESTORE_POLL_S: `restore_spares`, in a thread of its own. When the
+        block ends, a restore under way gives up within half a second (its actor killed, to be tried with the next
+        launch): the failure path waits for no node actor's start, and the gang's state is one thread's again."""
         if not self.cluster.spare_nodes:
             yield
             return
@@ -406,7 +406,7 @@ class Gang:
         def restore() -> None:
             while True:
                 try:
-                    self.restore_spares(standby, launch_id)
+                    self.restore_spares(standby, launch_id, stop=done)
                 except Exception as e:  # noqa: BLE001 - a spare not restored now is looked for with the next launch
                     say(f"gang {self.name}: no spare restored: {type(e).__name__}: {e}")
                     return
@@ -421,9 +421,11 @@ class Gang:
             done.set()
             thread.join()
 
-    def restore_spares(self, standby: Callable[[int], object] | None = None, launch_id: str = "") -> list[int]:
+    def restore_spares(self, standby: Callable[[int], object] | None = None, launch_id: str = "",
+                       stop: threading.Event | None = None) -> list[int]:
         """A spare again in the bundle of each lost node that Ray has placed on a live node since: a node actor there,
-        standing by (`standby(g)`: its launch of the next attempt's launcher, warm). The gang ranks made spares."""
+        standing by (`standby(g)`: its launch of the next attempt's launcher, warm). The gang ranks made spares; once
+        `stop` is set, no more (an actor still starting is killed)."""
         lost = [g for g, why in self.left.items() if why.startswith("was lost")]
         if not lost or self.pg is None:
             return []
@@ -431,18 +433,28 @@ class Gang:
         live = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         again = [g for g in lost if (node := placed.get(self.bundles[g])) is not None and node.node_id in live
                  and node.node_id != self.nodes[g].node_id]
+        restored = []
         for g in again:
             self._restored += 1
             self.actor_names[g] = f"{self.actor_name(g)}-s{self._restored}"  # the lost actor's name may be held yet
             actor = self._node_actor(g, placed[self.bundles[g]])
-            self.nodes[g] = ray.get(actor.facts.remote(), timeout=max(60.0, self.cluster.start_timeout_s))
-            self.actors[g] = actor
+            facts = actor.facts.remote()
+            within = max(60.0, self.cluster.start_timeout_s)
+            if not _answers(facts, within, stop):
+                ray.kill(actor)
+                if not (stop and stop.is_set()):
+                    say(f"gang {self.name}: no spare in the bundle of node {g}, placed again on "
+                        f"{placed[self.bundles[g]].describe(self.cluster.topology)}: its node actor did not start "
+                        f"within {within:g}s (tried again with the next launch)")
+                break
+            self.nodes[g], self.actors[g] = ray.get(facts), actor
             del self.left[g]
+            restored.append(g)
             say(f"gang {self.name}: the bundle of node {g}, which was lost, is placed again on "
                 f"{self.nodes[g].describe(self.cluster.topology)}: a spare again, actor {self.actor_names[g]}")
-            if standby is not None:
-                self._stands_by(g, standby(g), launch_id)
-        return again
+            if standby is not None and _answers(ref := standby(g), 60.0, stop):
+                self._stands_by(g, ref, launch_id)
+        return restored
 
     def _collect(self, members: list[int], outcome: Outcome, run_s: float, log_dir: str,
                  launch_id: str) -> GangResult:
@@ -539,6 +551,15 @@ class Gang:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _answers(ref, within_s: float, stop: threading.Event | None) -> bool:
+    """Whether `ref` is ready within `within_s`, asked every half second until `stop` is set."""
+    deadline = time.monotonic() + within_s
+    while not ray.wait([ref], timeout=max(0.0, min(0.5, deadline - time.monotonic())))[0]:
+        if (stop is not None and stop.is_set()) or time.monotonic() >= deadline:
+            return False
+    return True
 
 
 def placed_nodes(pg) -> dict[int, NodeFacts]:
