@@ -312,3 +312,49 @@ def test_a_standby_names_the_variables_that_differ_never_their_values():
     finally:
         standby.process.terminate(grace_s=1)
     assert standby.mismatch(argv, same, "/work").startswith("the warm launcher had ended")
+
+
+def test_a_nodes_poll_gathers_ranks_lines_and_answers_the_launchers_own_at_once(monkeypatch):
+    """The node actor's buffer, as the driver's long poll reads it: a rank that prints a line every 10 ms is answered
+    in batches (one Ray call for several lines), while the launcher's own line (a failed rank's report) and the
+    command's end are answered the moment they come. The gathering is set to 2 s here, so that "at once" stands out
+    from it on a loaded machine."""
+    import threading
+
+    from a4ray.runtime import node_actor
+    from a4ray.runtime.node_actor import _Output
+
+    monkeypatch.setattr(node_actor, "_GATHER_S", 2.0)
+    out, running = _Output(1000), threading.Event()
+    running.set()
+
+    def rank_prints(n: int) -> None:
+        for i in range(n):
+            out.append(f"iteration {i}", local_rank=0)
+            time.sleep(0.01)
+
+    printer = threading.Thread(target=rank_prints, args=(30,))
+    printer.start()
+    cursor, polls = 0, 0
+    while cursor < 30:
+        poll = out.poll(cursor, 5.0, running.is_set, lambda: None)
+        cursor, polls = poll.cursor, polls + 1
+    printer.join()
+    assert polls <= 3, f"{polls} polls for 30 lines printed over 0.3 s"
+
+    # the launcher's own line answers a poll at once, though a rank's line came just before it
+    out.append("a rank's traceback", local_rank=1)
+    t0 = time.monotonic()
+    threading.Timer(0.01, out.append, args=("a4ray.runtime.ranks: a rank failed",)).start()
+    poll = out.poll(cursor, 5.0, running.is_set, lambda: None)
+    if len(poll.lines) == 1:  # answered before the launcher's line came: it is the next poll's, at once
+        poll = out.poll(poll.cursor, 5.0, running.is_set, lambda: None)
+    assert poll.lines[-1].text.startswith("a4ray.runtime.ranks:") and time.monotonic() - t0 < 1.0
+    cursor = poll.cursor
+
+    # and so does the command's end
+    out.append("last words", local_rank=0)
+    threading.Timer(0.01, lambda: (running.clear(), out.wake())).start()
+    t0 = time.monotonic()
+    poll = out.poll(cursor, 5.0, running.is_set, lambda: 0)
+    assert time.monotonic() - t0 < 1.0 and [line.text for line in poll.lines] == ["last words"]

@@ -62,6 +62,11 @@ _RANK_LAUNCHERS = ("torch.distributed.run", "a4ray.runtime.ranks")  # a node's l
 RANK_SITE = str(Path(__file__).resolve().parent / "rank_site")  # its sitecustomize: a rank's record at its exit
 _BUFFER_LINES = 20_000
 _EXEC_BUFFER_LINES = 5_000
+# Once a poll has news of ranks' lines: how much longer it gathers their next ones before it answers. A rank that
+# prints a line an iteration (25 ms steps in the soak) cost a Ray call each way per line, the driver's ~1 ms of CPU
+# each, beside the ranks. A line of the launcher's own (a failed rank's report, a rank that ended) and the
+# command's end answer at once.
+_GATHER_S = 0.1
 
 
 class Line(BaseModel):
@@ -140,6 +145,7 @@ class _Output:
         self._cond = threading.Condition()
         self._lines: collections.deque[Line] = collections.deque(maxlen=maxlen)
         self._seq = 0
+        self._urgent = 0  # the seq of the latest line not of a rank (the launcher's, a plain command's)
 
     def append(self, text: str, local_rank: int | None = None, progress: Progress | None = None,
                compute: ComputeWindow | None = None) -> None:
@@ -147,6 +153,8 @@ class _Output:
             self._seq += 1
             self._lines.append(Line(seq=self._seq, text=text, local_rank=local_rank, progress=progress,
                                     compute=compute))
+            if local_rank is None and compute is None:
+                self._urgent = self._seq
             self._cond.notify_all()
 
     def wake(self) -> None:
@@ -155,12 +163,15 @@ class _Output:
 
     def poll(self, cursor: int, wait_s: float, running: Callable[[], bool],
              exit_code: Callable[[], int | None]) -> Poll:
-        """Lines after `cursor`; waits up to `wait_s` for some. `exit_code` is set once the command has
-        ended and every line has been handed out."""
+        """Lines after `cursor`; waits up to `wait_s` for some, then gathers ranks' lines for up to `_GATHER_S` more
+        (within `wait_s`). `exit_code` is set once the command has ended and every line has been handed out."""
         deadline = time.monotonic() + wait_s
         with self._cond:
             while self._seq <= cursor and running() and time.monotonic() < deadline:
                 self._cond.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
+            gather_until = min(deadline, time.monotonic() + _GATHER_S)
+            while self._urgent <= cursor < self._seq and running() and time.monotonic() < gather_until:
+                self._cond.wait(timeout=max(0.0, gather_until - time.monotonic()))
             lines = [line for line in self._lines if line.seq > cursor]
             oldest = self._lines[0].seq if self._lines else self._seq + 1
             new_cursor = lines[-1].seq if lines else cursor
