@@ -124,6 +124,24 @@ def test_an_iteration_line_read_after_the_verdict_counts_by_the_verdict():
     assert math.isclose(sum(g.buckets.values()), 6.0)
 
 
+def test_lines_a_poll_hands_over_together_are_timed_by_when_their_node_read_them():
+    """A node's poll gathers lines (up to 0.1 s), and a driver may fall behind: ten 5 ms iterations and a 0.2 s save
+    that reach the driver in one batch at 10.0 are timed by their `at`, when the node read each, not by the batch."""
+    clock = Clock()
+    clock.now = 10.0  # the driver's clock: every line below reaches it at once
+    watch = Stopwatch(clock=clock)
+    lines = [(9.000 + 0.005 * i, iteration(i)) for i in range(1, 11)]
+    lines += [(9.05, "saving checkpoint at iteration      10 to /ckpt"), (9.25, "  successfully saved checkpoint")]
+    lines += [(9.255, iteration(11)), (9.26, iteration(12))]
+    for at, text in lines:
+        watch(0, SimpleNamespace(text=text, progress=parse_progress(text), at=at))
+    g = account([watch.record(0, LaunchTimes(placing_at=8.0, started_at=8.5, ended_at=9.3))], 8.0, 10.0)
+    b = g.buckets
+    assert b["productive_time"] == pytest.approx(0.045 + 0.005 + 0.005)  # 1 -> 10, then the steps 11 and 12
+    assert b["unproductive_checkpoint_save_time"] == pytest.approx(0.2, abs=0.006)  # 9.05 -> 9.255 less a step
+    assert b["program_startup"] == pytest.approx(0.505) and math.isclose(sum(b.values()), 2.0)
+
+
 def test_the_projection_is_metas_formula():
     """E[ETTR] = (1 - N r_f (u0 + dt/2)) / (1 + w/dt), dt* = sqrt(2 w / (N r_f)), r_f per node-second, by hand."""
     [p] = project_ettr(60.0, 10.0, 600.0, nodes=(1024,), rates=(6.50,))

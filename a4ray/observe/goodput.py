@@ -1,8 +1,9 @@
 """Goodput: where a run's wall time went, and what a failure cost; and Meta's ETTR model of what that means at scale.
 
 A run's wall time (the attempt loop's start to its end) is cut into buckets that never overlap and add up to it,
-by the driver's clock (`time.time()`), from each launch's `LaunchTimes` and from a `Stopwatch` that watches the
-streamed lines (when each new iteration line came; when a checkpoint save or an evaluation began and ended):
+by the wall clock (`time.time()`), from each launch's `LaunchTimes` (the driver's) and from a `Stopwatch` that
+watches the streamed lines (when each new iteration line came, by the clock of the node that read it: a poll hands
+the driver lines in batches; when a checkpoint save or an evaluation began and ended):
 
   productive_time                    the steps of iterations never redone (between iteration lines)
   placement                          the first gang: its placement group asked for -> the nodes' commands started
@@ -126,9 +127,10 @@ class AttemptRecord(BaseModel):
 
 class Stopwatch:
     """A line observer (`Gang.observing`): for one launch, when each new iteration line came and when a save or an
-    evaluation began and ended, by `clock` (the driver's wall clock, as `LaunchTimes`). Ranks that print the same
-    line count once; a spell runs from the first rank's begin line to the last rank's end line before the next
-    iteration. `on_progress(self)` is called at most every `every_s` seconds on a new iteration line."""
+    evaluation began and ended: when its node read it (the line's `at`), else by `clock` (the driver's wall clock, as
+    `LaunchTimes`). Ranks that print the same line count once; a spell runs from the first rank's begin line to the
+    last rank's end line before the next iteration. `on_progress(self)` is called at most every `every_s` seconds on a
+    new iteration line."""
 
     def __init__(self, clock: Callable[[], float] = time.time,
                  on_progress: Callable[[Stopwatch], None] | None = None, every_s: float = 10.0):
@@ -145,7 +147,7 @@ class Stopwatch:
         return list(zip(self._numbers, self._times))
 
     def __call__(self, rank: int, line: Any) -> None:
-        now = self.clock()
+        now = getattr(line, "at", None) or self.clock()
         progress = getattr(line, "progress", None)
         if progress is not None:
             self.iteration(progress.iteration, now)

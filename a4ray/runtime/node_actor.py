@@ -72,6 +72,7 @@ _GATHER_S = 0.1
 class Line(BaseModel):
     seq: int
     text: str
+    at: float = 0.0  # when the node read it (`time.time()` there): what goodput's clock is, however polls batch lines
     local_rank: int | None = None
     progress: Progress | None = None  # set on iteration lines
     compute: ComputeWindow | None = None  # set on a window of every rank's compute time (the straggler check)
@@ -151,8 +152,8 @@ class _Output:
                compute: ComputeWindow | None = None) -> None:
         with self._cond:
             self._seq += 1
-            self._lines.append(Line(seq=self._seq, text=text, local_rank=local_rank, progress=progress,
-                                    compute=compute))
+            self._lines.append(Line(seq=self._seq, text=text, at=time.time(), local_rank=local_rank,
+                                    progress=progress, compute=compute))
             if local_rank is None and compute is None:
                 self._urgent = self._seq
             self._cond.notify_all()

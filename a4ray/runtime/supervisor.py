@@ -36,9 +36,10 @@ from a4ray.runtime.ranks import FAILURE_HEADER, ended_rank
 from a4ray.spec.resilience import ObserveSpec
 
 LAST_LINES = 20
-# How long a node's long poll waits for news. Lines and the command's end answer at once; an idle node
-# answers this often, which costs the driver ~1.5 ms of CPU a time: every second, that was most of a core
-# at 512 nodes. The supervisor checks deadlines and hangs every second whatever the polls do.
+# How long a node's long poll waits for news. The launcher's lines and the command's end answer at once, ranks' lines
+# within 0.1 s (`node_actor._GATHER_S`); an idle node answers this often, which costs the driver ~1.5 ms of CPU a
+# time: every second, that was most of a core at 512 nodes. The supervisor checks deadlines and hangs every second
+# whatever the polls do.
 POLL_WAIT_S = 5.0
 NCCL_TIMEOUT = "Watchdog caught collective operation timeout"  # ProcessGroupNCCL's, before it dumps and aborts
 _LOST_CHECK_S = 10.0  # after a node fails: how long its peers have to show they are alive
@@ -161,17 +162,17 @@ class Supervisor:
             for observer in self.observers:
                 observer(rank, line)
             if line.progress is not None:
-                self._on_progress(line.progress)
+                self._on_progress(line.progress, line.at or time.time())
             tail.append(line.text)
         del tail[:-LAST_LINES]
         if poll.lines:
             self.watchdog.output((line.text for line in poll.lines), news)  # a line may say the run is busy (a save)
 
-    def _on_progress(self, progress: Progress) -> None:
+    def _on_progress(self, progress: Progress, now: float) -> None:
+        """An iteration line, read on its node at `now`."""
         out = self.outcome
         self.watchdog.progress(progress.iteration, last=progress.iteration == progress.train_iters)
         if out.last_iteration is None or progress.iteration > out.last_iteration:
-            now = time.time()
             if not self.stopping:  # a line drained while the gang stops is no progress after the fault
                 if out.times.first_iteration_at is None:
                     out.times.first_iteration_at, out.times.first_iteration = now, progress.iteration
