@@ -59,9 +59,9 @@ import torch.distributed as dist
 
 
 def main(argv, device=None):
-    work, total, every, size, save_s, timeout_s = (Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3]),
-                                                   float(argv[4]), float(argv[5]))
-    gpu = torch.cuda.is_available()
+    work, total, every, size, save_s, timeout_s, on = (Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3]),
+                                                       float(argv[4]), float(argv[5]), argv[6])
+    gpu = on == "gpu"
     if not dist.is_initialized():  # a4ray and torchrun start ranks with torchrun's env; Ray Train makes the group
         if gpu:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -262,7 +262,8 @@ class Soak:
 
     def argv(self, work: Path) -> list[str]:
         a = self.args
-        return [str(work), str(a.iterations), str(a.every), str(a.size), str(a.save_s), str(a.pg_timeout_s)]
+        return [str(work), str(a.iterations), str(a.every), str(a.size), str(a.save_s), str(a.pg_timeout_s),
+                "gpu" if self.gpu else "cpu"]
 
     def leg(self, launcher: str, fault: str | None, at: int | None) -> dict:
         self.legs += 1
@@ -432,6 +433,8 @@ def main() -> int:
                         "attempt's ranks warm) counts")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="ranks a node (default: 2 on CPU, 1 on GPUs)")
     parser.add_argument("--cpus-per-node", type=int, default=4)
+    parser.add_argument("--cpu", action="store_true", help="the CPU shape (gloo, a spare node) where GPUs are too: "
+                        "a machine of many cores measures launchers' step times with less noise than this one's 2")
     parser.add_argument("--pg-timeout-s", type=float, default=60, help="the program's process-group timeout")
     parser.add_argument("--pace-floor-s", type=float, default=5, help="a4ray's observe.watchdog.pace_floor_s")
     parser.add_argument("--record-timeout-s", type=float, default=3, help="a4ray's observe.watchdog.record_timeout_s")
@@ -456,7 +459,7 @@ def main() -> int:
 
     import torch
 
-    args.gpus_per_node_real = torch.cuda.device_count() >= 2
+    args.gpus_per_node_real = not args.cpu and torch.cuda.device_count() >= 2
     args.gpus_per_node = args.gpus_per_node or (1 if args.gpus_per_node_real else 2)
     args.size = args.size or (8192 if args.gpus_per_node_real else 384)
     launchers = args.launchers.split(",")
