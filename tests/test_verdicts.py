@@ -175,6 +175,14 @@ def test_stacks_alone_name_the_rank_outside_the_collective_and_nothing_names_no_
     # The ranks with stacks wait in a collective, rank 3 gave none: undetermined.
     silent = judge({}, no_server, WAITING, NODES, NPROC)
     assert silent.undetermined and [c.rank for c in silent.candidates] == [3]
+    # No py-spy on the nodes and no records (the soak on a machine without py-spy, its rank 1 SIGSTOPped): stacks
+    # that say nowhere are no evidence that the ranks are outside a collective; the verdict says it has none.
+    missing = "py-spy is not installed on this node (pip install py-spy)"
+    blind = [StackDump(rank=str(r), node=r // 2, pid=100 + r, error=missing, stopped=r == 1,
+                       where="a stopped process (state T)" if r == 1 else "") for r in range(4)]
+    unknown = judge({}, {}, blind, NODES, NPROC)  # the flight recorder off: no records asked
+    assert unknown.culprits == [] and unknown.evidence == [] and not unknown.waiting
+    assert unknown.note.endswith(f"and no stacks ({missing})") and "not a collective's" not in unknown.note
 
 
 def test_a_straggler_is_flagged_after_its_windows_and_its_gauge_stays_up_after_a_recovery(monkeypatch):

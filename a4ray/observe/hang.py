@@ -433,16 +433,18 @@ def judge(records: dict[int, dict], missing: dict[int, NoRecord], dumps: list[St
                   "waiting_since": m.waiting_since}
     else:
         _gone_and_ras(name, missing, findings, world)
-        if not stacks and not named:
+        told = sorted(set(inside) | set(outside))  # stacks that say where a rank is (not py-spy's errors)
+        if not told and not named:
             why = "; ".join(sorted({m.line() for m in missing.values()})) or "the flight recorder is off"
-            notes.append(f"no flight record ({why}) and no stacks")
+            errors = sorted({d.error for d in stacks.values() if d.error})
+            notes.append(f"no flight record ({why}) and no stacks" + (f" ({'; '.join(errors)})" if errors else ""))
             return verdict()
-        if stacks:
+        if told:
             why = "; ".join(sorted({m.line() for m in missing.values()})) or "the flight recorder is off"
-            evidence.insert(0, f"stacks of rank(s) {ranges(sorted(stacks))} (no flight record: {why})")
+            evidence.insert(0, f"stacks of rank(s) {ranges(told)} (no flight record: {why})")
         if inside:
             name(outside, at, "its stack is outside any collective", None)
-        elif stacks and not named:
+        elif told and not named:
             notes.append("no rank is inside a collective: the hang is not a collective's")
             return verdict()
         undecided = [r for r in world if r not in named and r not in inside and r not in outside and r not in ended]

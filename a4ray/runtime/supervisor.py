@@ -270,7 +270,13 @@ class Supervisor:
         self.watchdog.rearm()
         if not self.said_not_hung:
             self.said_not_hung = True
-            say(f"{why}; no rank waits in a collective ({evidence.summary}): not a hang")
+            if verdict.evidence:
+                say(f"{why}; no rank waits in a collective ({evidence.summary}): not a hang")
+            else:  # no record and no stack says where any rank is: nothing to judge a hang by
+                bound = w.no_progress_s
+                say(f"{why}; nothing says where the ranks are ({verdict.note or evidence.summary}): not judged, "
+                    f"watching on until the ranks move or fail" + (f", or observe.watchdog.no_progress_s={bound:g}"
+                                                                   if bound else ""))
         return False
 
     def _decide(self, why: str, evidence: hang.Evidence, verdict: HangVerdict) -> None:
