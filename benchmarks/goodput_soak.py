@@ -24,7 +24,8 @@ time lost = the fault -> the first new iteration, plus the lost work. ETTR = ite
 fault-free leg of each launcher, in --rounds alternating rounds, gives the step time (median) and the ratios.
 
 CPU: 2 simulated nodes x 2 ranks over gloo (a third node stands by for the node fault). GPUs: 2 x 1 over NCCL
-(--gpus-per-node 1; no spare node, so no node fault). Ray Train needs `pip install 'a4ray[bench]'`.
+(--gpus-per-node 1; no spare node, so no node fault), where the machine has 2 GPUs or more and --cpu is not given.
+Ray Train needs `pip install 'a4ray[bench]'`.
 """
 
 from __future__ import annotations
