@@ -117,6 +117,30 @@ def test_the_headline_command_rehearses_on_simulated_nodes_saying_so(up):
     assert "step stage: " in out or "staged artifacts" in out
 
 
+def test_a_process_record_outlives_a_step_of_the_wall_clock(monkeypatch):
+    """A record of a running process (this `local up`, a run's driver, a node actor owning its pipes) names it by pid
+    and a start mark. psutil's create_time() moves with the kernel's boot time, which moves when the wall clock is
+    stepped: CI once saw `a4ray local status` find its own running cluster's record stale and remove it. The mark
+    does not move; a process that has ended, or another with its pid, is not the one marked."""
+    import psutil._pslinux
+
+    from a4ray.core.liveness import start_mark, still_running
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        mark, created = start_mark(child.pid), psutil.Process(child.pid).create_time()
+        booted = psutil._pslinux.boot_time()
+        monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: booted + 2.0)  # the wall clock stepped 2 s
+        assert psutil.Process(child.pid).create_time() != created  # what the records held: read as another process
+        assert still_running(child.pid, mark) and not still_running(os.getpid(), mark)
+        monkeypatch.undo()
+        assert still_running(child.pid, created)  # a record written before marks: its create_time, within 1 s
+    finally:
+        child.kill()
+        child.wait()
+    assert not still_running(child.pid, mark) and not still_running(child.pid, created)
+
+
 def test_local_status_then_local_down_stops_it(up):
     """Last in the module: it stops the module's cluster the way a person does from another terminal."""
     said = up.said

@@ -30,6 +30,7 @@ from ray._common.utils import get_ray_address_file  # Ray's own rule for where i
 from a4ray.commands import summary
 from a4ray.core.console import say
 from a4ray.core.errors import A4RayError
+from a4ray.core.liveness import start_mark, still_running
 from a4ray.driver.main import error_exit
 from a4ray.observe import prometheus
 from a4ray.runtime import auth
@@ -89,7 +90,7 @@ def running() -> list[dict]:
     for path in sorted(records_dir().glob("*.json")):
         try:
             state = json.loads(path.read_text())
-            alive = psutil.Process(state["pid"]).create_time() == state["pid_started"]
+            alive = still_running(state["pid"], state["pid_started"])
         except (OSError, ValueError, KeyError, TypeError, psutil.Error):
             alive = False
         if alive:
@@ -144,7 +145,7 @@ def _up(args: argparse.Namespace) -> int:
             say(f"or from Python / a notebook: a4ray.connect('{client}')")
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps({
-            "pid": os.getpid(), "pid_started": psutil.Process().create_time(), "address": cluster.address,
+            "pid": os.getpid(), "pid_started": start_mark(), "address": cluster.address,
             "dashboard": jobs, "client": client, "nodes": args.nodes, "gpus_per_node": args.gpus_per_node,
             "machine_type": args.machine_type, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "cwd": os.getcwd()}))
         say("a4ray local up: ready (Ctrl-C or `a4ray local down` to stop)")

@@ -16,10 +16,10 @@ import socket
 import time
 from pathlib import Path
 
-import psutil
 from pydantic import BaseModel
 
 from a4ray.core.errors import A4RayError
+from a4ray.core.liveness import start_mark, still_running
 from a4ray.core.redact import redact
 
 
@@ -85,7 +85,7 @@ class RunDir:
         """Name this process as the run's driver (a reader then tells a run in progress from one whose driver died),
         and the Ray job it drives where `ray job submit` started it (`a4ray.get_run` finds the run by that id)."""
         self.write("driver.json", {"pid": os.getpid(), "host": socket.gethostname(),
-                                   "started": psutil.Process().create_time(),
+                                   "started": start_mark(),
                                    "ray_submission_id": ray_submission_id()})
 
     def driver(self) -> dict:
@@ -103,11 +103,8 @@ class RunDir:
         driver = self.driver()
         if not driver or driver.get("host") != socket.gethostname():
             return None
-        try:
-            if psutil.Process(driver["pid"]).create_time() == driver["started"]:
-                return None
-        except psutil.Error:
-            pass
+        if still_running(driver["pid"], driver["started"]):
+            return None
         return (f"its driver (pid {driver['pid']} on {driver['host']}) is gone without recording a result: killed "
                 "(SIGKILL, evicted, out of memory) or its node was lost; Ray stopped its node actors and their "
                 "process trees")

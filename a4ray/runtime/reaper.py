@@ -10,13 +10,14 @@ Usage (started by ManagedProcess, never by hand): python -m a4ray.runtime.reaper
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
 import sys
 from pathlib import Path
 
-import psutil
+from a4ray.core.liveness import start_mark, still_running
 
 
 def flight_recorder_pipes(launch_id: str) -> Path:
@@ -33,8 +34,7 @@ def make_flight_recorder_pipes(launch_id: str) -> Path:
     """The launch's pipe directory, made by this process (the node actor), which it records as its owner."""
     pipes = flight_recorder_pipes(launch_id)
     pipes.mkdir(parents=True, exist_ok=True)
-    me = psutil.Process()
-    (pipes / _OWNER).write_text(json.dumps({"host": socket.gethostname(), "pid": me.pid, "started": me.create_time()}))
+    (pipes / _OWNER).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": start_mark()}))
     return pipes
 
 
@@ -47,11 +47,9 @@ def sweep_flight_recorder_pipes() -> list[Path]:
     for pipes in Path("/tmp").glob("a4ray-fr-*"):
         try:
             owner = json.loads((pipes / _OWNER).read_text())
-            if owner["host"] != socket.gethostname() or psutil.Process(owner["pid"]).create_time() == owner["started"]:
+            if owner["host"] != socket.gethostname() or still_running(owner["pid"], owner["started"]):
                 continue
-        except psutil.NoSuchProcess:
-            pass  # the owner is gone
-        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        except (OSError, ValueError, KeyError, TypeError):
             continue  # no record, one that is being written, or an owner we may not look at: not ours to judge
         shutil.rmtree(pipes, ignore_errors=True)
         removed.append(pipes)
