@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 from conftest import REPO, free_port
@@ -253,6 +254,39 @@ def test_warm_ranks_become_the_launch_handed_to_them(tmp_path):
         assert (name, argv0, int(policy), probe, cwd) == ("__main__", PROBE, os.SCHED_OTHER, "handed", str(REPO))
         assert nice in ("0", "-")
     assert sum(out.count("all_reduce ok on rank") for out in outs) == 4
+
+
+def _autogroup_nice(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def test_a_warm_rank_is_woken_by_its_launcher_before_it_reads_its_launch():
+    """`wake(pid)`, which the launcher calls before it writes a warm rank's line: every thread of the rank back at
+    the normal class and its session's nice at 0, while the rank has read nothing yet (its stdin open, empty). On a
+    busy machine its own reader, in a session at nice 19, read the line only 24 s after it was written (3 busy
+    sessions on 2 cores; a cold rank was ready in 5.4 s): that wait made a restart's recovery slower than a cold one."""
+    from a4ray.runtime.warm import wake
+
+    rank = subprocess.Popen([sys.executable, "-u", "-m", "a4ray.runtime.warm"], cwd=REPO, stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        idle, niced = idle_class_available(), _autogroup_nice(os.getpid()) is not None
+        deadline = time.monotonic() + 20
+        while (idle and os.sched_getscheduler(rank.pid) != os.SCHED_IDLE) or (niced and _autogroup_nice(rank.pid) != 19):
+            assert time.monotonic() < deadline, "the warm rank did not go idle"
+            time.sleep(0.05)
+        wake(rank.pid)
+        threads = [int(t) for t in os.listdir(f"/proc/{rank.pid}/task")]
+        assert {os.sched_getscheduler(t) for t in threads} == {os.SCHED_OTHER}
+        assert _autogroup_nice(rank.pid) == (0 if niced else None)
+        assert rank.poll() is None  # still waiting for its line
+    finally:
+        assert rank.stdin is not None
+        rank.stdin.close()  # no launch: it ends
+    assert rank.wait(timeout=60) == 0
 
 
 def test_a_warm_launcher_ends_with_its_ranks_when_no_launch_comes():

@@ -55,6 +55,7 @@ from pathlib import Path
 import psutil
 
 from a4ray.runtime.process import STOP_SIGNALS, child_pids
+from a4ray.runtime.warm import wake
 
 ROLE = "default"  # torchrun's role name: its --tee prefix is "[default<local rank>]:"
 MONITOR_INTERVAL_S = 0.1  # torchrun's default monitor_interval
@@ -230,6 +231,7 @@ class Node:
         os.environ.clear()
         os.environ.update(env)
         for rank in self.ranks:
+            wake(rank.proc.pid)
             line = json.dumps({"env": rank_env(args, rank.local_rank, env), "cwd": os.getcwd(),
                                "target": args.target}) + "\n"
             assert rank.proc.stdin is not None

@@ -16,7 +16,10 @@ training leaves, so that the attempt it waits behind keeps its start and its ste
   * where the kernel groups processes by session (autogroup: a machine's root cgroup, as here, not a pod's), the class
     counts only within the rank's own session, which competes with every other as an equal: so its session's nice is
     19 while it is warm (raising it needs no privilege, and back to 0 is never below where it started).
-At the hand-over, both go back.
+At the hand-over, both go back: first from outside, by the launcher, at the normal class in a session of its own
+(`wake`), then once more by the rank's own reader. The reader alone came too late on a busy machine: a session at nice
+19 gets the CPU so seldom that it read its line 24 s after the launcher wrote it (3 busy sessions on 2 cores), while a
+cold rank imported torch and was ready in 5.4 s.
 
 Stdlib only until the import of torch: `python -m a4ray.runtime.warm`, started by the launcher, never by hand.
 """
@@ -74,6 +77,27 @@ def _set_class(policy: int) -> None:
             os.sched_setscheduler(int(tid), policy, os.sched_param(0))
         except OSError:
             pass
+
+
+def wake(pid: int) -> None:
+    """Warm rank `pid` back at the normal class, every thread of it, and its session's nice at 0 (where a new
+    session's autogroup starts): called by its launcher before the launch's line is written, so that the rank reads
+    the line, and finishes an import still under way, at the priority of a cold rank. What may not be changed (a
+    rank already gone, a class the rank could not leave either) is left as it is."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in threads:
+        try:
+            os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write("0")
+    except OSError:
+        pass
 
 
 def _receive(go: dict, idle: bool, nice: int | None, ready: threading.Event) -> None:
