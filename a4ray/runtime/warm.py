@@ -54,25 +54,27 @@ def _idle_class_returns() -> bool:
     return bool(ok)
 
 
-_AUTOGROUP = "/proc/self/autogroup"  # "/autogroup-<n> nice <k>" where the kernel groups by session
-
-
-def _autogroup_nice(nice: int | None = None) -> int | None:
-    """This session's autogroup nice (set it to `nice` first, where given); None where there is none."""
+def _autogroup_nice(nice: int | None = None, pid: int | str = "self") -> int | None:
+    """The autogroup nice of process `pid`'s session (set it to `nice` first, where given); None where there is none
+    ("/autogroup-<n> nice <k>" where the kernel groups by session)."""
     try:
         if nice is not None:
-            with open(_AUTOGROUP, "w") as f:
+            with open(f"/proc/{pid}/autogroup", "w") as f:
                 f.write(str(nice))
-        with open(_AUTOGROUP) as f:
+        with open(f"/proc/{pid}/autogroup") as f:
             return int(f.read().split()[-1])
     except (OSError, ValueError, IndexError):
         return None
 
 
-def _set_class(policy: int) -> None:
-    """Every thread of this process at `policy` (threads started during the import took the class of their
+def _set_class(policy: int, pid: int | str = "self") -> None:
+    """Every thread of process `pid` at `policy` (threads started during the import took the class of their
     creator)."""
-    for tid in os.listdir("/proc/self/task"):
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # a process already gone
+        return
+    for tid in threads:
         try:
             os.sched_setscheduler(int(tid), policy, os.sched_param(0))
         except OSError:
@@ -84,20 +86,8 @@ def wake(pid: int) -> None:
     session's autogroup starts): called by its launcher before the launch's line is written, so that the rank reads
     the line, and finishes an import still under way, at the priority of a cold rank. What may not be changed (a
     rank already gone, a class the rank could not leave either) is left as it is."""
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return
-    for tid in threads:
-        try:
-            os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
-        except OSError:
-            pass
-    try:
-        with open(f"/proc/{pid}/autogroup", "w") as f:
-            f.write("0")
-    except OSError:
-        pass
+    _set_class(os.SCHED_OTHER, pid)
+    _autogroup_nice(0, pid)
 
 
 def _receive(go: dict, idle: bool, nice: int | None, ready: threading.Event) -> None:
