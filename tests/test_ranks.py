@@ -273,7 +273,9 @@ def test_a_warm_rank_is_woken_by_its_launcher_before_it_reads_its_launch():
     rank = subprocess.Popen([sys.executable, "-u", "-m", "a4ray.runtime.warm"], cwd=REPO, stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, start_new_session=True)
     try:
-        idle, niced = idle_class_available(), _autogroup_nice(os.getpid()) is not None
+        # Grouped where the kernel gave the rank's new session an autogroup of its own (not where the session it left
+        # had one: a container's first session may sit in the root group while new ones get theirs).
+        idle, niced = idle_class_available(), _autogroup_nice(rank.pid) is not None
         deadline = time.monotonic() + 20
         while (idle and os.sched_getscheduler(rank.pid) != os.SCHED_IDLE) or (niced and _autogroup_nice(rank.pid) != 19):
             assert time.monotonic() < deadline, "the warm rank did not go idle"
