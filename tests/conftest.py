@@ -232,6 +232,20 @@ def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 PYTHON = sys.executable
 
 
+def run_to_end(cmd: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """`subprocess.run(cmd, capture_output=True, text=True)`; where it runs past `timeout`, the test fails with the tail
+    of what the command printed by then (TimeoutExpired's own message shows none of it)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired as e:
+        def tail(got: str | bytes | None, chars: int) -> str:
+            text = got.decode(errors="replace") if isinstance(got, bytes) else got or ""
+            return text[-chars:]
+
+        pytest.fail(f"{' '.join(map(str, cmd[:3]))} ... did not end within {timeout:.0f} s (killed); it printed, last:\n"
+                    f"{tail(e.stdout, 8000)}\n--- stderr ---\n{tail(e.stderr, 3000)}", pytrace=False)
+
+
 def leftovers(marker: str) -> list[str]:
     """Command lines of live processes that mention `marker` (a RAY_TMPDIR, a launch id, ...)."""
     found = []

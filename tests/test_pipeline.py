@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import PYTHON, REPO, isolated_env, seed_standins
+from conftest import PYTHON, REPO, isolated_env, run_to_end, seed_standins
 from upstream import PAI_DLC_ENV, PAI_RUN_ARGS, pai_standin
 
 from a4ray.driver.main import main as pipeline_main
@@ -61,6 +61,7 @@ def _kill_a_rank_while_a_checkpoint_is_written(save: Path, killed: list, stop: t
         time.sleep(0.005)
 
 
+@pytest.mark.timeout(900)  # a whole rehearsal with a restart, then two more runs; a loaded CI machine took over 420 s
 def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_cluster, monkeypatch, capsys, standins):
     seed_standins(tmp_path, standins)
     save = tmp_path / ".a4ray" / "logs" / "output_megatron_qwen3_next_pretrain" / "checkpoint"
@@ -71,8 +72,7 @@ def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_clu
     cmd = [PYTHON, "-m", "a4ray.qwen3_next", "--set", "restart.max_restarts=1", "--set", "restart.backoff_s=1",
            "--set", "train.megatron.check_save=true", "--result", "r1.json"]
     try:
-        run = subprocess.run(cmd, cwd=tmp_path, env=isolated_env(tmp_path), capture_output=True, text=True,
-                             timeout=420)
+        run = run_to_end(cmd, cwd=tmp_path, env=isolated_env(tmp_path), timeout=600)
     finally:
         stop.set()
     out = run.stdout
@@ -238,8 +238,7 @@ def test_local_nodes_4_cancelled_then_resumed_and_3_planned(tmp_path, monkeypatc
     assert 6 <= reached < 12 and f"a4ray: progress: iteration {reached}/12" in out  # the stream said it too
     _no_flight_recorder_pipes_left(record.parent)
 
-    again = subprocess.run([*cmd, "--result", "r4.json"], cwd=tmp_path, env=isolated_env(tmp_path),
-                           capture_output=True, text=True, timeout=420)
+    again = run_to_end([*cmd, "--result", "r4.json"], cwd=tmp_path, env=isolated_env(tmp_path), timeout=420)
     assert again.returncode == 0, again.stdout[-5000:] + again.stderr[-2000:]
     result = json.loads((tmp_path / "r4.json").read_text())
     assert [s["status"] for s in result["steps"]] == ["cached", "cached", "skipped", "ran"]
