@@ -91,7 +91,7 @@ def running() -> list[dict]:
         try:
             state = json.loads(path.read_text())
             alive = still_running(state["pid"], state["pid_started"])
-        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        except (OSError, ValueError, KeyError, TypeError):  # (still_running answers False for a process gone)
             alive = False
         if alive:
             states.append(state)
