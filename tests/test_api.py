@@ -11,7 +11,7 @@ import uuid
 import matplotlib
 import pytest
 import ray
-from conftest import PYTHON, REPO, free_port, job, wait_gone
+from conftest import PYTHON, REPO, free_port, job, run_to_end, wait_gone
 
 import a4ray
 from a4ray.core.errors import SpecError
@@ -146,7 +146,7 @@ def test_ray_client_address_runs_the_job_on_the_cluster(shared_local_up):
     code = (f"import a4ray; c = a4ray.connect({up.client!r}); "
             "r = a4ray.run(a4ray.load(None, 'cluster.nodes=2', 'cluster.gpus_per_node=1', 'ddp_test.hidden=64', "
             "'ddp_test.steps=3', 'name=api-client', kind='ddp_test')); print('RESULT', r.verdict)")
-    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=300, cwd=up.root, env=up.env)
+    out = run_to_end([PYTHON, "-c", code], timeout=300, cwd=up.root, env=up.env)
     assert "RESULT PASS: 2/2 ranks over 2 nodes" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
     assert "[n1 r1]" in out.stdout  # the job's lines, followed through the job API
     assert list(up.root.glob(".a4ray/runs/api-client-*/result.json"))

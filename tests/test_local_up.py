@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import PYTHON, fresh_checkout, isolated_env, local_up, wait_gone
+from conftest import PYTHON, fresh_checkout, isolated_env, local_up, run_to_end, wait_gone
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).parent / "ray")  # the venv's CLI, by path: PATH below does not have it
@@ -44,8 +44,8 @@ def up(tmp_path_factory):
 
 def _submit(up, *command: str, auth: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
     env = dict(up.env, **({"RAY_AUTH_MODE": "token"} if auth else {}))
-    return subprocess.run([RAY, "job", "submit", "--address", up.address, "--working-dir", ".", "--", *command],
-                          cwd=up.root, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_to_end([RAY, "job", "submit", "--address", up.address, "--working-dir", ".", "--", *command],
+                      cwd=up.root, env=env, timeout=timeout)
 
 
 def test_the_control_plane_is_closed_and_says_how_to_submit(up):
@@ -84,8 +84,8 @@ def test_a_submitted_job_finds_the_python_a4ray_runs_in(up):
 def staged_directly(up) -> str:
     """`a4ray stage -f jobs/qwen3_next_local.yaml` on the module's fresh checkout, once, on an embedded cluster
     (its own RAY_TMPDIR: it does not find the local one); what it printed."""
-    direct = subprocess.run([PYTHON, "-m", "a4ray.stage", "-f", "jobs/qwen3_next_local.yaml"], cwd=up.root,
-                            env=isolated_env(up.root), capture_output=True, text=True, timeout=600)
+    direct = run_to_end([PYTHON, "-m", "a4ray.stage", "-f", "jobs/qwen3_next_local.yaml"], cwd=up.root,
+                        env=isolated_env(up.root), timeout=600)
     assert direct.returncode == 0, direct.stdout[-3000:] + direct.stderr[-3000:]
     return direct.stdout
 

@@ -26,7 +26,7 @@ from a4ray.staging.layout import MANIFEST, ArtifactPaths, Manifest
 from a4ray.staging.service import get_service
 from a4ray.staging import stager
 from a4ray.staging.stager import unshared_error
-from conftest import PYTHON, REPO, seed_standins
+from conftest import PYTHON, REPO, run_to_end, seed_standins
 from localserver import LocalServer, Repo
 
 SENTINEL = "hf_SENTINEL_b6f1c0ffee_do_not_log"
@@ -369,8 +369,7 @@ def test_local_job_stages_the_standins_then_caches(local_cluster, tmp_path, stan
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [PYTHON, "-m", "a4ray.cli", "stage", "-f", str(REPO / "jobs" / "qwen3_next_local.yaml"),
            "--address", local_cluster.address]
-    runs = [subprocess.run([*cmd, "--result", f"r{i}.json"], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=300) for i in range(2)]
+    runs = [run_to_end([*cmd, "--result", f"r{i}.json"], cwd=tmp_path, env=env, timeout=300) for i in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[0].stdout + runs[0].stderr
     first, second = (json.loads((tmp_path / f"r{i}.json").read_text())["artifacts"] for i in range(2))
     assert {a["status"] for a in first} == {"ran"} and {a["status"] for a in second} == {"cached"}
