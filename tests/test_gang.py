@@ -293,10 +293,11 @@ def test_a_spare_node_takes_the_place_of_one_to_leave(local_cluster, tmp_path, c
 
 
 def test_a_lost_nodes_bundle_placed_again_is_a_spare_again_and_takes_the_next_lost_place(extra_nodes, tmp_path, capsys):
-    """2 nodes and a spare, on nodes of their own. Node 1 is lost mid-launch: the spare takes its place. A node of the
-    same kind joins (a recreated pod): Ray places the lost node's bundle there, and while the next launch runs the gang
-    starts a node actor in it, a spare again. When node 2 is lost in turn, that spare takes its place: two nodes lost,
-    one placement, and the third launch runs on node 0 and the new node."""
+    """2 nodes and a spare, on nodes of their own. Node 0, the master, is lost mid-launch: the spare takes its place. A
+    node of the same kind joins (a recreated pod, last in topology order): Ray places the lost node's bundle there, and
+    while the next launch runs the gang starts a node actor in it, a spare again. When node 1 is lost in turn, that
+    spare takes its place: two nodes lost, one placement. The third launch runs on node 2 and the new node, in that
+    order: the launch ranks follow the nodes' topology, not the gang rank the restored spare kept (node 0's)."""
     cluster = extra_nodes(nodes=3, gpus=1)
     hold = tmp_path / "hold"  # a launch runs while it exists
     spec = job("command", "cluster.nodes=2", "cluster.spare_nodes=1", "restart.max_restarts=2",
@@ -308,51 +309,51 @@ def test_a_lost_nodes_bundle_placed_again_is_a_spare_again_and_takes_the_next_lo
     def extra_index(g: int) -> int:
         return next(i for i, node in cluster.workers.items() if node.node_id == gang.nodes[g].node_id)
 
-    def lose_launch_rank_1_once_started() -> GangFailed:
-        """Launch with `hold` there, and lose launch rank 1's node once its command has started."""
+    def lose_the_master_once_started() -> GangFailed:
+        """Launch with `hold` there, and lose launch rank 0's node once its command has started."""
         hold.touch()
-        gone = gang.members[1]
+        gone = gang.members[0]
 
         def observer(rank, line):
-            if rank == 1 and line.text.startswith("node="):
+            if rank == 0 and line.text.startswith("node="):
                 threading.Thread(target=cluster.remove_node, args=(extra_index(gone),)).start()
 
         with gang.observing(observer), pytest.raises(GangFailed) as failed:
             gang.run(Command(spec).launch, timeout_s=60)
-        assert [n.status for n in failed.value.result.nodes][1] == "lost", failed.value.result
+        assert [n.status for n in failed.value.result.nodes][0] == "lost", failed.value.result
         return failed.value
 
     try:
         gang.start()
-        failed = lose_launch_rank_1_once_started()
+        failed = lose_the_master_once_started()
         pg = gang.pg.id
-        assert gang.serves_again(failed.result, {}) and gang.members == [0, 2] and gang.left == {1: "was lost"}
+        assert gang.serves_again(failed.result, {}) and gang.members == [1, 2] and gang.left == {0: "was lost"}
         new = cluster.workers[cluster.grow()].node_id
 
         done: list = []
         second = threading.Thread(target=lambda: done.append(gang.run(Command(spec).launch, timeout_s=180)))
         second.start()
         deadline = time.monotonic() + 150  # Ray first declares the lost node dead, then places its bundle again
-        while gang.spares != [1] and time.monotonic() < deadline:
+        while gang.spares != [0] and time.monotonic() < deadline:
             time.sleep(0.5)
         hold.unlink()
         second.join(timeout=60)
         out = capsys.readouterr().out
-        assert gang.spares == [1] and gang.nodes[1].node_id == new and not gang.left, out
-        assert re.search(r"the bundle of node 1, which was lost, is placed again on .*: a spare again, actor "
-                         r"\S+-n1-s1$", out, re.M), out
-        assert "spare node 1 stands by" in out and done and done[0].ok
-        assert [(n.rank, n.gang_rank) for n in done[0].nodes] == [(0, 0), (1, 2)]
+        assert gang.spares == [0] and gang.nodes[0].node_id == new and not gang.left, out
+        assert re.search(r"the bundle of node 0, which was lost, is placed again on .*: a spare again, actor "
+                         r"\S+-n0-s1$", out, re.M), out
+        assert "spare node 0 stands by" in out and done and done[0].ok
+        assert [(n.rank, n.gang_rank) for n in done[0].nodes] == [(0, 1), (1, 2)]
 
-        failed = lose_launch_rank_1_once_started()  # node 2 now
+        failed = lose_the_master_once_started()  # node 1 now
         assert gang.serves_again(failed.result, {})
         out = capsys.readouterr().out
-        assert re.search(r"spare node 1 \(.*\) takes the place of node 2 \(.*\), which was lost", out), out
-        assert gang.members == [0, 1] and gang.left == {2: "was lost"}
+        assert re.search(r"spare node 0 \(.*\) takes the place of node 1 \(.*\), which was lost", out), out
+        assert gang.members == [2, 0] and gang.left == {1: "was lost"}
         hold.unlink()
         result = gang.run(Command(spec).launch, timeout_s=120)  # no hold: each node says its rank and ends
         assert result.ok and [(n.rank, n.gang_rank, n.node_id) for n in result.nodes] == \
-            [(0, 0, gang.nodes[0].node_id), (1, 1, new)]
+            [(0, 2, gang.nodes[2].node_id), (1, 0, new)]
         assert "node=1" in result.nodes[1].last_lines and gang.pg.id == pg  # placed once
     finally:
         hold.unlink(missing_ok=True)

@@ -15,7 +15,7 @@ Lifecycle (one owner, as in Ray Train's worker group):
   spares -> `cluster.spare_nodes` more bundles and actors, the last in rank order, run nothing: each stands by
             with the next attempt's launcher, its ranks warm (`node_actor`). When a node is lost, or is to be
             kept off, the next attempt runs on the same gang with a spare in its place (the launch ranks stay in
-            topology order: the members are kept sorted by gang rank): no new placement, no cold ranks.
+            topology order: the members are kept in their nodes' rank order): no new placement, no cold ranks.
             Ray places a lost node's bundle again where a node fits it (KubeRay's recreated pod, a repaired
             machine); while a launch runs, the gang starts a node actor there, a spare again, warmed like the
             others: spares last through more than one loss.
@@ -187,7 +187,7 @@ class Gang:
                 self.left[gone] = "was lost" if gone in lost else f"is kept off ({leave[host[gone]]})"
                 say(f"gang {self.name}: spare node {spare} ({self.nodes[spare].describe(self.cluster.topology)}) "
                     f"takes the place of node {gone} ({host[gone]}), which {self.left[gone]}")
-            self.members = sorted(set(self.members) - set(out) | set(spares[:len(out)]))  # topology order kept
+            self.members = self._in_rank_order(set(self.members) - set(out) | set(spares[:len(out)]))
             return True
         if lost:
             return False
@@ -199,6 +199,12 @@ class Gang:
             say(f"gang {self.name}: {line}; the next attempt runs on this gang, {'that node' if len(mine) == 1 else 'those'} "
                 "included")
         return not can
+
+    def _in_rank_order(self, ranks: set[int]) -> list[int]:
+        """Gang ranks `ranks` in the topology order of the nodes they are on now: a restored spare keeps the gang rank
+        of the lost node whose bundle Ray placed again, but its node may sort anywhere among the others."""
+        by_node = {self.nodes[g].node_id: g for g in ranks}
+        return [by_node[node.node_id] for node in rank_order([self.nodes[g] for g in ranks], self.cluster.topology)]
 
     def alive(self, ranks: list[int], wait_s: float = 5.0) -> list[int]:
         """Those of gang ranks `ranks` whose node actor answers within `wait_s`; the others have left (lost)."""
