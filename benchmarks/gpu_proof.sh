@@ -19,7 +19,7 @@
 #   carried    megatron-core here (0.19.x) from what 0.16.1 made on a CPU (.gpu-carry/, when carried): training
 #              from its converted checkpoint, and continuing its own trained checkpoint (fp32, as saved)
 # Logs and result JSON go to $OUT (or /tmp/a4ray-gpu-proof); ONLY="qwen3 resume" runs just those. Needs Ray:
-# `source .gpu/activate.sh` first (bash ../shared/tools/gpu-bundle.sh megatron-core==0.19.2 builds .gpu/).
+# `source .gpu/activate.sh` first (bash benchmarks/gpu_bundle.sh megatron-core==0.19.2 builds .gpu/).
 set -uo pipefail
 out=${OUT:-/tmp/a4ray-gpu-proof}
 mkdir -p "$out"

@@ -11,7 +11,7 @@
 #               rank position, and frozen: the verdict names only the culprit, on evidence (or is undetermined)
 #   straggler   benchmarks/straggler_ep.py: the Megatron trainer with EP across the nodes, one rank duty-cycled
 #   step_time   benchmarks/megatron_step.py on 2 nodes x 1 GPU, 6 rounds: the gang / torchrun ratio and its spread
-# Needs Ray: `source .gpu/activate.sh` first (bash ../shared/tools/gpu-bundle.sh megatron-core==0.19.2
+# Needs Ray: `source .gpu/activate.sh` first (bash benchmarks/gpu_bundle.sh megatron-core==0.19.2
 # flash-linear-attention==0.6.0 fla-core==0.6.0 builds .gpu/).
 set -uo pipefail
 out=${OUT:-/tmp/a4ray-gpu-shape}

@@ -33,6 +33,6 @@ RUN git clone https://github.com/deepseek-ai/DeepEP.git /opt/deepep/DeepEP \
  && git checkout --detach "${DEEPEP_COMMIT}" \
  && TORCH_CUDA_ARCH_LIST=10.0 NVSHMEM_DIR="${NVSHMEM_HOME}" python setup.py build_ext --inplace
 
-# The DeepEP/NVSHMEM runtime settings for A4 (seed-system.md section 4.3), for a4ray.deepep_test to source.
+# The DeepEP/NVSHMEM runtime settings for A4 (the seed testbed's /opt/deepep/unified-env.sh, tests/fixtures/seeds/003), for a4ray.deepep_test to source.
 COPY docker/deepep-env.sh /opt/deepep/unified-env.sh
 ENV PYTHONPATH=/opt/deepep/DeepEP

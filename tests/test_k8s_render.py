@@ -1,6 +1,6 @@
 """Rendering job specs as KubeRay manifests: validated against the real KubeRay v1.7.0 CRDs.
 
-The CRD schemas are read from `../shared/schemas/kuberay/` (the project's copy of the upstream files)
+The CRD schemas are read from `tests/fixtures/kuberay/` (the upstream files, provenance in its SOURCE.md)
 and applied in strict mode with the API server's four behaviours (defaulted required fields, null
 pruning, int32/int64 bounds, unknown fields refused), independently of the copy a4ray bundles.
 """
@@ -25,8 +25,7 @@ from a4ray.spec import load_job
 from a4ray.spec.cluster import GKE_BLOCK_LABEL, GKE_HOST_LABEL, GKE_SUBBLOCK_LABEL
 
 REPO = Path(__file__).resolve().parents[1]
-# shared/ lies beside the checkout (CI: ../shared; an engineer's worktree: further up).
-SCHEMAS = next(p / "shared/schemas/kuberay" for p in REPO.parents if (p / "shared/schemas/kuberay").is_dir())
+SCHEMAS = REPO / "tests" / "fixtures" / "kuberay"  # KubeRay v1.7.0's CRD files, unchanged (SOURCE.md there)
 IMAGE = "kuberay.image=us-docker.pkg.dev/p/r/a4ray:25.12-ray2.60.0"
 SECRET_VALUE = "hf_s3cr3tValueThatMustNeverAppear"
 

@@ -2,7 +2,8 @@
 nccl-tests v2.17.6 built by a4ray (`*_2xh200.txt`: all_reduce and alltoall under mpirun, with NCCL_DEBUG=INFO),
 DeepEP 8a07e7e built by a4ray (its intranode and low-latency tests through the gang).
 
-What that machine cannot show stays on fixtures written from the formats recorded in research/workloads.md,
+What that machine cannot show stays on fixtures written from the formats of nccl-tests' own src/common.cu and
+NCCL's INFO lines at those versions,
 each said so: gIB's network lines (no NIC there: NCCL used P2P and named Socket), nccl-tests v2.13's older
 format, DeepEP's internode test (2+ nodes of 8 GPUs) in v1.2.1's format and through mpirun's tags."""
 
@@ -56,7 +57,7 @@ def test_transport_on_one_host_is_p2p_and_names_socket():
 
 
 def test_nccl_tests_2_19_with_gib_lines_written_from_the_format():
-    """Written from research/workloads.md (2.19 adds the nccl-headers/library words; gIB's lines need A4)."""
+    """Written from nccl-tests 2.19's output format (it adds the nccl-headers/library words; gIB's lines need A4)."""
     (run,) = nccl_tests.parse(lines("nccl_tests_2.19_all_reduce_gib.txt"))
     assert (run.binary, run.collective, run.version, run.concluded) == ("all_reduce_perf", "all_reduce", "2.19.6", True)
     assert (run.min_bytes, run.max_bytes) == (2**30, 8 * 2**30)

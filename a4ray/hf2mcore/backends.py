@@ -12,7 +12,8 @@ one node (`<dir>` is the conversion's temporary, which exists already); with sev
 3.x `--save`). From 4.0 on ms-swift trains from the HF weights directly
 (mcore-bridge), so the offline conversion is skipped unless forced.
 
-Sources: ../shared/research/workloads.md sections 1.4 and 2.3.
+Sources: Pai-Megatron-Patch a098ca5's `toolkits/distributed_checkpoints_convertor` (its scripts/qwen3*/ runners) and
+ms-swift's `swift export --to_mcore` / `megatron export` (README quick start, `examples/megatron/export/full.sh`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ FULL_ATTENTION, LINEAR_ATTENTION = "full_attention", "linear_attention"
 
 # The config.json of models the recipes stage, as published, for plans made before the model is staged
 # (a dry run of the A4 defaults): the fields `Architecture.from_config` reads. Qwen/Qwen3-Next-80B-A3B-Instruct:
-# ../shared/research/workloads.md section 4 (its config.json on the Hub, and Pai's run_mcore_qwen3.sh A3B block).
+# its config.json on the Hub, and the A3B block of Pai-Megatron-Patch a098ca5's examples/qwen3_next/run_mcore_qwen3.sh.
 PUBLISHED_CONFIGS = {
     "Qwen/Qwen3-Next-80B-A3B-Instruct": {
         "architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 48, "hidden_size": 2048,

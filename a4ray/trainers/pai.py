@@ -15,7 +15,8 @@ torchrun per node itself), KUBERNETES_CONTAINER_RESOURCE_GPU = GPUs per node, MA
 
 `check()` refuses, before a GPU is taken, what the script or Megatron would reject minutes into the job;
 `check_inputs()` looks at the staged files on a node (the checkpoint must hold the tokenizer files, the
-model's shape must be the one the script hard-codes). Sources: ../shared/research/workloads.md 1.2-1.3.
+model's shape must be the one the script hard-codes). Sources: Pai-Megatron-Patch a098ca5's
+`examples/qwen3/run_mcore_qwen3.sh` and `examples/qwen3_next/run_mcore_qwen3.sh` (tests/upstream.py names the lines).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ The flags follow the configured `train.version` (examples/megatron/rlhf/dpo/moe.
                                                                   --num_train_epochs --dataloader_num_workers
 
 `megatron rlhf` exists from 3.6, --expert_tensor_parallel_size from 3.7, DPO packing from 3.8.
-Sources: ../shared/research/workloads.md 2.1-2.2, ms-swift's tags v3.8.0, v3.12.0, v4.0.0.
+Sources: ms-swift's `swift/cli/main.py` (the launch env) and `examples/megatron/rlhf/dpo/moe.sh` at its tags v3.8.0,
+v3.12.0 and v4.0.0.
 """
 
 from __future__ import annotations

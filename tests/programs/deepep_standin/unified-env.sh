@@ -1,4 +1,4 @@
-# A stand-in for /opt/deepep/unified-env.sh (seed-system.md §4.3): NVSHMEM settings DeepEP needs.
+# A stand-in for /opt/deepep/unified-env.sh (as the seed testbed's G3 image generates it): NVSHMEM settings DeepEP needs.
 export NVSHMEM_REMOTE_TRANSPORT=ibgda
 export NVSHMEM_IB_ENABLE_IBGDA=1
 export NVSHMEM_IBGDA_NIC_HANDLER=gpu
