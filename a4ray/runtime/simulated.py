@@ -17,6 +17,7 @@ Python a4ray runs in first on PATH, whether or not its virtualenv was activated.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
@@ -116,6 +117,23 @@ def physical_gpu_ids() -> list[str]:
     except (subprocess.SubprocessError, OSError):
         return []
     return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def _forkserver_dirs(head) -> list[str]:
+    """The directories of the unix sockets that the head dashboard's processes listen on in multiprocessing's temp
+    directories (/tmp/pymp-*: its modules' forkserver): Ray ends them with a kill, which leaves these behind."""
+    import psutil
+    from ray._private import ray_constants
+
+    found = set()
+    for info in head.all_processes.get(ray_constants.PROCESS_TYPE_DASHBOARD, []):
+        with contextlib.suppress(psutil.Error):
+            dashboard = psutil.Process(info.process.pid)
+            for proc in [dashboard, *dashboard.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    found |= {os.path.dirname(c.laddr) for c in proc.net_connections("unix")
+                              if isinstance(c.laddr, str) and os.path.basename(os.path.dirname(c.laddr)).startswith("pymp-")}
+    return sorted(found)
 
 
 def _python_first() -> dict[str, str]:
@@ -324,6 +342,7 @@ class SimulatedCluster:
         self.workers: dict[int, object] = {}  # simulated node index -> ray._private.node.Node
         self._gpu_slices: list[str] | None = None
         self._tmp_root: str | None = None  # each node's own /tmp (see _separate_host_env)
+        self._ray_temp: str | None = None  # the cluster's Ray temp directory (its sessions' sockets and logs)
         self._undo: list[auth.Undo] = []
         self._loopback: LoopbackBlock | None = None
 
@@ -378,7 +397,10 @@ class SimulatedCluster:
         # submitted here would run its driver on whichever cluster started last, or on any.
         ray_temp = Path(get_default_ray_temp_dir())
         ray_temp.mkdir(parents=True, exist_ok=True)
-        head["temp_dir"] = tempfile.mkdtemp(prefix="a4-", dir=ray_temp)  # short: Ray's socket paths have a limit
+        head["temp_dir"] = self._ray_temp = tempfile.mkdtemp(prefix="a4-", dir=ray_temp)  # short: socket paths
+        # A process that ends without shutting its cluster down (a notebook's kernel, a script's last line) still
+        # leaves nothing: Ray's own exit handler ends the nodes, this removes the directories they ran in.
+        atexit.register(self.shutdown)
         # The head's processes (its Ray Client proxy, its dashboard) take these from this process.
         with _environ({**HEAD_ENV, **(self.prometheus.head_env() if self.prometheus else {})}), \
                 _unadvertised(private=not self.shared):
@@ -490,13 +512,18 @@ class SimulatedCluster:
             self.prometheus.stop()
         if self.cluster is not None:
             say(f"shutting down the {self.name}")
+            left_behind = _forkserver_dirs(self.cluster.head_node)
             with _unadvertised(private=not self.shared):  # Ray's shutdown removes the machine's record, whosever
                 self.cluster.shutdown()
             self.cluster = None
             self.workers = {}
-        if self._tmp_root is not None:
-            shutil.rmtree(self._tmp_root, ignore_errors=True)
-            self._tmp_root = None
+            for path in left_behind:
+                shutil.rmtree(path, ignore_errors=True)
+        for made in (self._tmp_root, self._ray_temp):  # its runs keep their own logs (the run directory)
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)
+        self._tmp_root = self._ray_temp = None
+        atexit.unregister(self.shutdown)
         if self._loopback is not None:
             self._loopback.release()
             self._loopback = None
