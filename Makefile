@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := openmpi-bin libopenmpi-dev shellcheck prometheus chromium
 
-.PHONY: install system-deps swift-envs rehearsal rehearsal-stage test kuberay
+.PHONY: install system-deps swift-envs rehearsal rehearsal-stage test test-quick kuberay
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -54,6 +54,13 @@ test:
 	echo "make test: one-time installs (system-deps, install, swift-envs) took $$(( $$(date +%s) - start ))s"
 	$(PY) -m compileall -q a4ray
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest $(PYTEST_WORKERS)  # the venv's `ray` CLI too, as in an activated venv
+
+# The inner loop: the unit, spec, contract, parser and render tests, no Ray cluster (under 3 minutes on 2 cores). It
+# fails where a test it runs starts a Ray cluster (tests/suite_guard.py): such a test is marked slow.
+test-quick:
+	@$(MAKE) --no-print-directory system-deps install swift-envs
+	$(PY) -m compileall -q a4ray
+	A4RAY_TEST_NO_CLUSTERS=1 PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest $(PYTEST_WORKERS) -m "not slow"
 
 # The rendered KubeRay manifests in kuberay/ (see kuberay/manifests.txt); a test keeps them current.
 kuberay: install

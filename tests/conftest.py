@@ -36,6 +36,8 @@ from a4ray.runtime.connect import NAMESPACE
 from a4ray.runtime.simulated import SimulatedCluster
 from a4ray.spec import load_job
 
+pytest_plugins = ["suite_guard"]  # the suite leaves nothing behind, and counts its Ray clusters
+
 REPO = Path(__file__).resolve().parents[1]
 SESSION_NODES = 3
 SESSION_GPUS = 2
@@ -94,7 +96,34 @@ def pytest_sessionfinish(session):
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _its_clusters_end_with_it():
+    """What a test started in its own Ray temp directories (`isolated_env`: its drivers' embedded clusters, a `local
+    up`) ends with it, passed, failed or stopped by its timeout mid-run (pytest-timeout interrupts the test, and a
+    killed driver leaves its Ray node processes running): they are ended here, and the test errors naming them where
+    nothing else failed. Directories of module and session fixtures (made before this runs) are theirs to end."""
+    first = len(_RAY_TMPDIRS)
+    yield
+    left = []
+    for ray_tmp in _RAY_TMPDIRS[first:]:
+        wait_gone(str(ray_tmp), within_s=15)  # those ending on their own
+        for proc in live_mentioning(str(ray_tmp)):
+            left.append(" ".join(proc.cmdline())[:200])
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert not left, "the test left these running (ended now):\n" + "\n".join(left)
+
+
+# A test that takes one of these runs on a Ray cluster: it is `slow`, out of the quick tier (`make test-quick`, which
+# fails where a test it runs starts a cluster anyway: tests/suite_guard.py counts them).
+CLUSTER_FIXTURES = {"_session_cluster", "local_cluster", "fresh_cluster", "extra_nodes", "shared_local_up"}
+
+
 def pytest_collection_modifyitems(items):
+    for item in items:
+        if CLUSTER_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: each module's own order kept
 
@@ -246,16 +275,19 @@ def run_to_end(cmd: list[str], *, timeout: float, **kwargs) -> subprocess.Comple
                     f"{tail(e.stdout, 8000)}\n--- stderr ---\n{tail(e.stderr, 3000)}", pytrace=False)
 
 
-def leftovers(marker: str) -> list[str]:
-    """Command lines of live processes that mention `marker` (a RAY_TMPDIR, a launch id, ...)."""
+def live_mentioning(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line mentions `marker` (a RAY_TMPDIR, a launch id, ...)."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
+        with contextlib.suppress(psutil.Error):
             if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(proc.info["cmdline"] or []):
-                found.append(" ".join(proc.info["cmdline"]))
-        except psutil.Error:
-            continue
+                found.append(proc)
     return found
+
+
+def leftovers(marker: str) -> list[str]:
+    """Command lines of live processes that mention `marker`."""
+    return [" ".join(proc.info["cmdline"]) for proc in live_mentioning(marker)]
 
 
 def wait_gone(marker: str, within_s: float = 30) -> list[str]:
@@ -297,6 +329,36 @@ def seed_standins(workspace: Path, made: dict[str, Path]) -> None:
     stage step finds them current and stages them, as on a second rehearsal in one checkout."""
     source = next(iter(made.values())).parent
     shutil.copytree(source, workspace / ".a4ray" / "standins", dirs_exist_ok=True)
+
+def run_notebook(name: str, root: Path, env: dict[str, str]) -> list:
+    """notebooks/<name>.ipynb, top to bottom in a real Jupyter kernel (nbclient), from a copy in `root`/notebooks
+    beside the repo's jobs/ (so its workspace, .a4ray next to where its cluster starts, is the caller's own); returns
+    its code cells as executed. Every notebook is committed with its outputs cleared, runs without an error, and
+    shows its results as tables and its plots as images."""
+    import nbformat  # noqa: PLC0415 - the notebook extra; only the notebook tests need it
+    from nbclient import NotebookClient  # noqa: PLC0415
+
+    source = REPO / "notebooks" / f"{name}.ipynb"
+    notebook = nbformat.read(source, as_version=4)
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code), f"{source}: clear its outputs in git"
+    (root / "notebooks").mkdir(exist_ok=True)
+    if not (root / "jobs").exists():
+        (root / "jobs").symlink_to(REPO / "jobs")
+    NotebookClient(notebook, timeout=900, kernel_name="python3",
+                   resources={"metadata": {"path": str(root / "notebooks")}}).execute(env=env)
+    errors = [o for c in code for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+    shown = "".join(str(o.get("data", {}).get("text/html", "")) for c in code for o in c.outputs)
+    assert "<table" in shown  # results render as tables in Jupyter
+    assert any("image/png" in o.get("data", {}) for c in code for o in c.outputs)  # and plots as images
+    return code
+
+
+def printed(cells: list) -> str:
+    """What a notebook's cells printed (their stdout streams)."""
+    return "".join(o.get("text", "") for c in cells for o in c.outputs if o.output_type == "stream")
+
 
 def free_port() -> int:
     """a4ray's own chooser: below the ephemeral range, where a Ray process's outgoing connection can't take it

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,9 +46,12 @@ def envs(output: str) -> dict[str, dict]:
 
 def run_nodes(kind: str, nnodes: int, nproc: int, *extra: str) -> list[subprocess.CompletedProcess]:
     port = free_port()
-    procs = [subprocess.Popen(launcher(kind, r, nnodes, nproc, port, *extra), cwd=REPO, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(nnodes)]
-    outs = [p.communicate(timeout=180)[0] for p in procs]
+    # torchrun's agent keeps its ranks' logs in a temp directory of its own that it never removes: the launch's.
+    with tempfile.TemporaryDirectory(prefix="launch-") as tmp:
+        procs = [subprocess.Popen(launcher(kind, r, nnodes, nproc, port, *extra), cwd=REPO, text=True,
+                                  env={**os.environ, "TMPDIR": tmp}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                 for r in range(nnodes)]
+        outs = [p.communicate(timeout=180)[0] for p in procs]
     return [subprocess.CompletedProcess(p.args, p.returncode, out) for p, out in zip(procs, outs)]
 
 

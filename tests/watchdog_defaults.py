@@ -14,6 +14,7 @@ Each is a real `a4ray run --address` of 2 nodes x 2 gloo ranks, side by side on 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -101,6 +102,7 @@ def main(root: Path) -> None:
             (root / name).mkdir(parents=True, exist_ok=True)
             (root / name / "out.log").write_text("the background cluster did not start (cluster.log)")
             (root / name / "rc").write_text("-2")
+        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
         return
     runs = {}
     for name, program in RUNS.items():
@@ -119,6 +121,7 @@ def main(root: Path) -> None:
             (root / name / "rc").write_text(str(proc.wait()))
     finally:
         cluster.shutdown()
+        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)  # start()'s, outside the suite's tmp_path
 
 
 def wait(root: Path, name: str, timeout_s: float) -> tuple[int, str]:
