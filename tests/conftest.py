@@ -48,11 +48,11 @@ NODE_SECRET = "a4ray-nodeSECRET-0123456789abcdef"
 # The longest modules first, longest to shortest (their durations in a `make test` run), so that on xdist workers
 # (`-n 2 --dist loadfile --no-loadscope-reorder`) no long module starts last and runs alone: the suite ends on the
 # modules of a few seconds, and both workers finish within seconds of each other. The rest keep their order.
-LONGEST_FIRST = ["test_culprits", "test_pipeline", "test_notebooks", "test_local_up", "test_dashboard",
-                 "test_convert", "test_gang", "test_api", "test_cli", "test_observe", "test_nccl_test",
-                 "test_swift_contract", "test_deepep", "test_staging", "test_mpi", "test_k8s_client",
-                 "test_stream_rules", "test_ranks", "test_doctor", "test_dead_rank", "test_chaos", "test_bad_input",
-                 "test_upstream_contracts"]
+LONGEST_FIRST = ["test_pipeline", "test_culprits", "test_dashboard", "test_gang", "test_convert", "test_api",
+                 "test_local_up", "test_early_end", "test_observe", "test_cli", "test_nccl_test", "test_notebooks",
+                 "test_swift_contract", "test_deepep", "test_staging", "test_k8s_client", "test_ranks", "test_mpi",
+                 "test_group_signal", "test_dead_rank", "test_upstream_contracts", "test_goodput", "test_doctor",
+                 "test_chaos", "test_k8s_render", "test_bad_input", "test_stream_rules"]
 
 
 WATCHDOG_DEFAULTS_ENV = "A4RAY_TEST_WATCHDOG_DEFAULTS"  # where tests/watchdog_defaults.py's background runs are

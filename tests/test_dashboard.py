@@ -1,6 +1,8 @@
-"""What a person sees of a4ray in Ray's dashboard and in Prometheus, against one `a4ray local up --metrics`:
+"""What a person sees of a4ray in Ray's dashboard, in Prometheus and in a notebook, against one `a4ray local up
+--metrics`:
 
-- two runs, as the README starts them: a DDP test through `a4ray.submit`, the rehearsal through `ray job submit`;
+- runs as the README starts them: a DDP test and a network test through `a4ray.submit`, then the rehearsal from
+  notebooks/qwen3_next_rehearsal.ipynb in a real Jupyter kernel joined to the cluster (the one run of the notebook);
 - headless Chromium (Debian's `chromium`, driven over the DevTools protocol) gets in as the README says (the
   token from `ray get-auth-token`, pasted into the dashboard's Authentication Token field), and its Jobs page lists
   the submitted run by name; its Actors page lists node actors named after run, step and node rank;
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -28,7 +31,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from conftest import PYTHON, REPO, fresh_checkout, isolated_env, local_up, seed_standins
+from conftest import PYTHON, REPO, fresh_checkout, isolated_env, local_up, printed, run_notebook, seed_standins
 
 import a4ray
 from a4ray.observe.grafana import PANELS
@@ -79,19 +82,27 @@ def dash(tmp_path_factory, standins):
             " 'nccl.warmup=1', 'nccl.collectives=[all_reduce]', kind='nccl_test');"
             "print('NCCL', a4ray.submit(spec).wait(300))"), gcs],
             cwd=checkout, env=env, capture_output=True, text=True, timeout=600)
-        printed = api.stdout[-3000:] + api.stderr[-3000:]
-        assert "STATUS SUCCEEDED" in api.stdout and "NCCL SUCCEEDED" in api.stdout, printed
-        rehearsal = subprocess.run(
-            [RAY, "job", "submit", "--address", address, "--working-dir", ".", "--", PYTHON, "-m",
-             "a4ray.qwen3_next", "--set", "train.iterations=12", "--set", "train.save_interval=12",
-             "--set", "convert.verify.enabled=false"],  # verification has tests of its own; this is what a person sees
-            cwd=checkout, env=env, capture_output=True, text=True, timeout=900)
-        out = rehearsal.stdout + rehearsal.stderr
-        assert rehearsal.returncode == 0, out[-5000:]
+        assert "STATUS SUCCEEDED" in api.stdout and "NCCL SUCCEEDED" in api.stdout, api.stdout[-3000:] + api.stderr[-3000:]
+        # The main job from a notebook (notebooks/qwen3_next_rehearsal.ipynb) on this cluster: its kernel connects
+        # to it (RAY_ADDRESS), as a notebook started beside `a4ray local up` does, and submits the rehearsal as a
+        # Ray job: staged, converted and verified, preflighted, trained.
+        cells = run_notebook("qwen3_next_rehearsal", checkout, {**env, "RAY_ADDRESS": gcs})
+        run_id = re.search(r"^(\S+) (?:PENDING|RUNNING|SUCCEEDED) ", printed(cells), re.M).group(1)
+        run = a4ray.get_run(run_id, workspace=checkout / ".a4ray")
         time.sleep(6)  # one more scrape (every 5 s) of what the last ranks reported
-        yield {"checkout": checkout, "env": env, "address": address, "said": said, "token": token, "started": started,
+        yield {"checkout": checkout, "env": env, "address": address, "gcs": gcs, "said": said, "token": token, "started": started,
                "prometheus": prometheus, "ddp_run": re.search(r"RUN (\S+)", api.stdout).group(1),
-               "submission": re.search(r"(raysubmit_\w+)", out).group(1), "stream": out}
+               "run": run, "stream": run.logs(), "notebook": cells}
+
+
+def test_the_rehearsal_notebook_ran_its_run_on_the_cluster_it_joined(dash):
+    """The notebook's own cells assert on what they show (a falling loss, goodput, the A4 plan and RayJob); its run is
+    a Ray job of this cluster, recorded in the workspace of the checkout `a4ray local up` started in."""
+    shown = "".join(o.get("data", {}).get("text/plain", "") for o in dash["notebook"][0].outputs)
+    assert shown.startswith("<a4ray.Cluster ") and dash["gcs"] in shown, shown  # connected to it, not one of its own
+    run = dash["run"]
+    assert run.status() == "SUCCEEDED" and run.root.parent == dash["checkout"] / ".a4ray" / "runs"
+    assert [s.status for s in run.result().steps] == ["ran", "ran", "ran", "ran"]
 
 
 def _actors(dash) -> list[dict]:
@@ -142,7 +153,8 @@ async def _browse(dash, shots: Path) -> dict[str, str]:
     profile = tempfile.mkdtemp(prefix="a4ray-chromium-")
     chromium = subprocess.Popen([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
                                  "--remote-debugging-port=0", f"--user-data-dir={profile}", "--window-size=1600,1000",
-                                 "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "TMPDIR": profile})  # its own temp files go with the profile
     pages: dict[str, str] = {}
     try:
         active = Path(profile) / "DevToolsActivePort"
@@ -189,17 +201,14 @@ def test_a_browser_gets_in_with_the_token_and_finds_the_runs_and_node_actors(das
     assert f"{DDP} (ddp_test)" in pages["jobs"] and dash["ddp_run"] in pages["jobs"], pages["jobs"][:3000]
     for rank in (0, 1):
         assert f"{dash['ddp_run']}-ddp_test-n{rank}" in pages["actors"], pages["actors"][:3000]
-    shots = Path(tempfile.gettempdir()) / "a4ray-dashboard-shots"  # to look at by hand
-    shots.mkdir(exist_ok=True)
-    for shot in tmp_path.glob("*.png"):
-        shutil.copy(shot, shots / shot.name)
+    # The screenshots stay in tmp_path where this test fails (pytest keeps a failed test's directory), to look at.
 
 
 # ------------------------------------------------------------------------------------- the dashboard's APIs
 
 
 def test_node_actors_carry_run_step_rank_and_host_in_topology_order(dash):
-    run = a4ray.get_run(dash["submission"], workspace=dash["checkout"] / ".a4ray")  # a `ray job submit` run
+    run = dash["run"]  # the notebook's
     assert run.status() == "SUCCEEDED" and run.root.name.startswith("qwen3-next-local-")
     actors = {a["name"]: a for a in _actors(dash) if a["name"].startswith(run.id)}
     # The driver's topology order: "  node <rank>: <host> (<ip>, <location>) gpus=... actor <name>".
@@ -227,11 +236,12 @@ def test_node_actors_carry_run_step_rank_and_host_in_topology_order(dash):
 
 
 def test_a_node_actors_log_has_its_ranks_lines_and_the_stream_has_them_once(dash):
-    run = a4ray.get_run(dash["submission"], workspace=dash["checkout"] / ".a4ray")
+    run = dash["run"]
     actor = next(a for a in _actors(dash) if a["name"] == f"{run.id}-train-n1")
     log = _get(f"{dash['address']}/api/v0/logs/file?actor_id={actor['actor_id']}&lines=100000",
                dash["token"]).decode(errors="replace")
-    iteration = re.compile(r"^\[n1 r1\] .*iteration\s+12/\s*12 \|", re.M)
+    last = run.spec().train.iterations
+    iteration = re.compile(rf"^\[n1 r1\] .*iteration\s+{last}/\s*{last} \|", re.M)
     assert iteration.search(log), log[-3000:]
     assert "[n0 " not in log  # node 1's actor: node 1's ranks only
     # The driver streams each line at most once: no second copy forwarded from the actors' stdout.
@@ -256,7 +266,7 @@ def test_every_grafana_panel_returns_series_from_the_real_prometheus(dash):
         assert series, (panel.title, panel.expr)
         checked.append(panel.title)
     assert {"Loss", "Tokens per second", "Staging throughput", "Conversion throughput", "Fabric bandwidth"} <= set(checked)
-    run = a4ray.get_run(dash["submission"], workspace=dash["checkout"] / ".a4ray")
+    run = dash["run"]
     assert run.id in {s["metric"].get("run") for s in _query_range(dash, "ray_a4ray_train_loss")}
 
 
@@ -279,4 +289,4 @@ def test_the_megatron_trainer_writes_tensorboard_scalars_where_it_says(dash):
     tags = set(events.Tags()["scalars"])
     assert {"lm loss", "learning-rate", "grad-norm", "iteration-time", "tokens-per-sec",
             "node-step-time/node-0", "node-step-time/node-1"} <= tags, tags
-    assert [e.step for e in events.Scalars("lm loss")] == list(range(1, 13))
+    assert [e.step for e in events.Scalars("lm loss")] == list(range(1, dash["run"].spec().train.iterations + 1))

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -29,7 +30,7 @@ from upstream import PAI_DLC_ENV, PAI_RUN_ARGS, pai_standin
 from a4ray.driver.main import main as pipeline_main
 from a4ray.pipeline.runner import PipelineResult
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the rehearsal runs in the first test that reads it
 PROFILE = str(REPO / "jobs" / "qwen3_next_local.yaml")
 _ITERATION = re.compile(r"iteration\s+(\d+)/\s*(\d+) .*\| lm loss: ([0-9.E+-]+)")
 _CHECK_SAVE = re.compile(r"check-save (iter_\d+): loaded back through megatron-core: model tensors equal (\d+)/(\d+), "
@@ -61,10 +62,36 @@ def _kill_a_rank_while_a_checkpoint_is_written(save: Path, killed: list, stop: t
         time.sleep(0.005)
 
 
-@pytest.mark.timeout(900)  # a whole rehearsal with a restart, then two more runs; a loaded CI machine took over 420 s
-def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_cluster, monkeypatch, capsys, standins):
-    seed_standins(tmp_path, standins)
-    save = tmp_path / ".a4ray" / "logs" / "output_megatron_qwen3_next_pretrain" / "checkpoint"
+@dataclass(frozen=True)
+class Rehearsal:
+    """The killed-rank rehearsal, run once for the module's tests: its workspace, what it printed, its result and
+    the rank it killed (pid, the partial checkpoint directory it was writing)."""
+
+    workspace: Path
+    out: str
+    result: dict
+    killed: tuple[int, str]
+
+    @property
+    def steps(self) -> dict[str, dict]:
+        return {s["name"]: s for s in self.result["steps"]}
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.result["run_dir"])
+
+    @property
+    def save(self) -> Path:
+        return self.workspace / ".a4ray" / "logs" / "output_megatron_qwen3_next_pretrain" / "checkpoint"
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory, standins) -> Rehearsal:
+    """`python -m a4ray.qwen3_next` with no cluster (the README's main command) in a checkout of its own, with one
+    rank killed while a checkpoint is being written: the whole pipeline, every step for real, and a restart."""
+    workspace = tmp_path_factory.mktemp("rehearsal")
+    seed_standins(workspace, standins)
+    save = workspace / ".a4ray" / "logs" / "output_megatron_qwen3_next_pretrain" / "checkpoint"
     killed: list[tuple[int, str]] = []
     stop = threading.Event()
     killer = threading.Thread(target=_kill_a_rank_while_a_checkpoint_is_written, args=(save, killed, stop), daemon=True)
@@ -72,23 +99,24 @@ def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_clu
     cmd = [PYTHON, "-m", "a4ray.qwen3_next", "--set", "restart.max_restarts=1", "--set", "restart.backoff_s=1",
            "--set", "train.megatron.check_save=true", "--result", "r1.json"]
     try:
-        run = run_to_end(cmd, cwd=tmp_path, env=isolated_env(tmp_path), timeout=600)
+        run = run_to_end(cmd, cwd=workspace, env=isolated_env(workspace), timeout=600)
     finally:
         stop.set()
-    out = run.stdout
-    assert run.returncode == 0, out[-6000:] + run.stderr[-3000:]
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     assert killed, "the trainer finished before a rank could be killed"
-    assert f"local profile {PROFILE}" in out
+    return Rehearsal(workspace, run.stdout, json.loads((workspace / "r1.json").read_text()), killed[0])
 
-    result = json.loads((tmp_path / "r1.json").read_text())
-    steps = {s["name"]: s for s in result["steps"]}
+
+def test_the_rehearsal_runs_every_step_for_real_and_records_it(rehearsal):
+    out, result, steps = rehearsal.out, rehearsal.result, rehearsal.steps
+    assert f"local profile {PROFILE}" in out
     assert [s["name"] for s in result["steps"]] == ["stage", "convert", "preflight", "train"]
     assert [s["status"] for s in result["steps"]] == ["ran", "ran", "ran", "ran"]
     assert "Ray tasks of the staging service" in steps["stage"]["runs"]
     assert PipelineResult.model_validate(result).model_dump(mode="json") == result  # the typed result, whole
     # The preflight held the free space where the checkpoints go to the 3 the run saves, reckoned from the model.
     disk = [c for c in steps["preflight"]["result"]["checks"] if c["name"] == "disk"]
-    assert len(disk) == 2 and all(c["status"] == "ok" and str(save) in c["detail"] and
+    assert len(disk) == 2 and all(c["status"] == "ok" and str(rehearsal.save) in c["detail"] and
                                   c["detail"].endswith("the 3 checkpoints of ~4.8 MiB each fit") for c in disk), disk
 
     # Qwen3-Next converted natively, verified tensor by tensor and by its logits; nothing stands in for it.
@@ -96,53 +124,58 @@ def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_clu
     assert "Qwen3-Next-tiny" in verdict and "round trip 154/154 HF tensors identical" in verdict
     assert "top-1 agreement 100.0%" in verdict
     assert not [line for line in out.splitlines() if "stand-in" in line and "train" in line] and "Qwen3-MoE" not in out
-
-    # The Megatron trainer: Qwen3-Next-tiny from its converted checkpoint, expert parallel across the two nodes.
-    assert "a4ray.mcore: loaded model weights from " in out and "Qwen3-Next-tiny-to-mcore" in out
-    assert "a4ray.mcore: model: qwen3_next: 4 layers (3 gated DeltaNet, 1 gated attention)" in out
-    assert "gated delta rule: megatron-core's torch reference (torch_chunk_gated_delta_rule): no GPU" in out
-    assert "ep 2 dp 2" in out and "distributed optimizer: on" in out
-    # The killed rank failed the gang; the restart relaunched it and the trainer resumed from a checkpoint.
-    train = steps["train"]["result"]
-    restart = [line for line in out.splitlines() if re.search(r"attempt 1/1|keep off|straggler|restarting", line)]
-    assert "attempt 1/1: relaunching on the same gang; the trainer resumes from checkpoint iteration" in out, restart
-    # Killed while writing a checkpoint: the partial one is never loaded, the run says so and resumes from the one
-    # before it.
-    [(_, writing)] = killed
-    partial = int(writing.removeprefix(".iter_").removesuffix(".tmp"))
-    resumed = train["start_iteration"]
-    assert resumed == partial - 10 and f"a4ray.mcore: resuming from checkpoint iteration {resumed}" in out
-    assert (f"a4ray.mcore: not loading checkpoint iteration {partial}: {writing}: its save did not finish (a rank "
-            f"died while writing it); the newest complete one is iteration {resumed}") in out, killed
-    assert train["iterations"] == 30 and train["world_size"] == 2 and train["backend"] == "gloo"
-    run_dir = Path(result["run_dir"])
-    lines = [m.groups() for log in sorted((run_dir / "logs" / "train").glob("rank-*.log"))
-             for m in map(_ITERATION.search, log.read_text().splitlines()) if m]
-    losses = {int(i): float(loss) for i, _, loss in lines}  # both attempts: 1..killed, then resumed + 1..30
-    assert set(losses) == set(range(1, 31)) and losses[30] < losses[1] - 1.0, losses
-    history = PipelineResult.model_validate(result).progress()  # the run's metrics, from its iteration lines
-    assert [p.iteration for p in history] == list(range(1, 31)) and history[-1].loss == losses[30]
-    assert "progress: iteration 30/30" in out and "tokens/s" in out
-    # Every checkpoint saved loads back through megatron-core with every tensor equal to what was saved (the
-    # first may be cut short by the kill).
-    checked = {m.group(1): m.groups()[1:] for m in _CHECK_SAVE.finditer(out)}
-    assert {"iter_0000020", "iter_0000030"} <= set(checked) or {"iter_0000010", "iter_0000030"} <= set(checked)
-    assert all(a == b and c == d and int(b) > 0 for a, b, c, d in checked.values()), checked
-    # Megatron-LM's layout: iter_0000030/ complete, the tracker written last.
-    final = save / "iter_0000030"
-    assert (save / "latest_checkpointed_iteration.txt").read_text() == "30"
-    assert {"metadata.json", "common.pt", ".metadata"} <= {p.name for p in final.iterdir()}
-    assert train["checkpoint"] == str(final)
+    run_dir = rehearsal.run_dir
     assert (run_dir / "spec.yaml").is_file() and (run_dir / "plan.txt").is_file()
     assert (run_dir / "logs" / "train" / "node-01.log").is_file()
     assert (run_dir / "logs" / "preflight" / "node-00.log").is_file()  # every step writes under the one run dir
 
-    # The stream a person watches says each thing once (every line is in the logs).
-    _stream_says_each_thing_once(out, run_dir)
+
+def test_the_megatron_trainer_trains_qwen3_next_tiny_and_resumes_past_a_killed_rank(rehearsal):
+    """Qwen3-Next-tiny from its converted checkpoint, expert parallel across the two nodes; the rank killed while a
+    checkpoint was written failed the gang, the restart relaunched it, and the trainer resumed from the newest
+    complete checkpoint (the partial one named and skipped); the loss falls over iterations 1..30."""
+    out = rehearsal.out
+    assert "a4ray.mcore: loaded model weights from " in out and "Qwen3-Next-tiny-to-mcore" in out
+    assert "a4ray.mcore: model: qwen3_next: 4 layers (3 gated DeltaNet, 1 gated attention)" in out
+    assert "gated delta rule: megatron-core's torch reference (torch_chunk_gated_delta_rule): no GPU" in out
+    assert "ep 2 dp 2" in out and "distributed optimizer: on" in out
+    train = rehearsal.steps["train"]["result"]
+    restart = [line for line in out.splitlines() if re.search(r"attempt 1/1|keep off|straggler|restarting", line)]
+    assert "attempt 1/1: relaunching on the same gang; the trainer resumes from checkpoint iteration" in out, restart
+    _, writing = rehearsal.killed
+    partial = int(writing.removeprefix(".iter_").removesuffix(".tmp"))
+    resumed = train["start_iteration"]
+    assert resumed == partial - 10 and f"a4ray.mcore: resuming from checkpoint iteration {resumed}" in out
+    assert (f"a4ray.mcore: not loading checkpoint iteration {partial}: {writing}: its save did not finish (a rank "
+            f"died while writing it); the newest complete one is iteration {resumed}") in out, rehearsal.killed
+    assert train["iterations"] == 30 and train["world_size"] == 2 and train["backend"] == "gloo"
+    lines = [m.groups() for log in sorted((rehearsal.run_dir / "logs" / "train").glob("rank-*.log"))
+             for m in map(_ITERATION.search, log.read_text().splitlines()) if m]
+    losses = {int(i): float(loss) for i, _, loss in lines}  # both attempts: 1..killed, then resumed + 1..30
+    assert set(losses) == set(range(1, 31)) and losses[30] < losses[1] - 1.0, losses
+    history = PipelineResult.model_validate(rehearsal.result).progress()  # the run's metrics, from its iteration lines
+    assert [p.iteration for p in history] == list(range(1, 31)) and history[-1].loss == losses[30]
+    assert "progress: iteration 30/30" in out and "tokens/s" in out
+
+
+def test_every_checkpoint_saved_loads_back_equal_and_the_last_is_complete(rehearsal):
+    """Every checkpoint saved loads back through megatron-core with every tensor equal to what was saved (the first
+    may be cut short by the kill); Megatron-LM's layout: iter_0000030/ complete, the tracker written last."""
+    checked = {m.group(1): m.groups()[1:] for m in _CHECK_SAVE.finditer(rehearsal.out)}
+    assert {"iter_0000020", "iter_0000030"} <= set(checked) or {"iter_0000010", "iter_0000030"} <= set(checked)
+    assert all(a == b and c == d and int(b) > 0 for a, b, c, d in checked.values()), checked
+    save, final = rehearsal.save, rehearsal.save / "iter_0000030"
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "30"
+    assert {"metadata.json", "common.pt", ".metadata"} <= {p.name for p in final.iterdir()}
+    assert rehearsal.steps["train"]["result"]["checkpoint"] == str(final)
+    assert f"train: checkpoint: {final}" in rehearsal.out
+
+
+def test_the_stream_says_each_thing_once_and_points_at_the_a4_plan(rehearsal, capsys):
+    _stream_says_each_thing_once(rehearsal.out, rehearsal.run_dir)
     # What the same run launches on A4: one line pointing at the plan, which --dry-run prints node by node.
-    a4 = [line for line in out.splitlines() if line.startswith("on A4, ")]
+    a4 = [line for line in rehearsal.out.splitlines() if line.startswith("on A4, ")]
     assert len(a4) == 1 and a4[0].endswith("every node's command and env: python -m a4ray.qwen3_next --dry-run")
-    assert f"train: checkpoint: {final}" in out
     capsys.readouterr()
     assert pipeline_main("qwen3_next", ["--dry-run"]) == 0
     plan = capsys.readouterr().out
@@ -150,24 +183,27 @@ def test_rehearsal_end_to_end_with_a_killed_rank_then_cached(tmp_path, local_clu
         assert (f"node {rank}:\n    cd /mnt/Pai-Megatron-Patch/examples/qwen3_next\n    bash run_mcore_qwen3.sh dlc A3B 1 "
                 f"16 1e-05 1e-06 1024 1024 bf16 1 1 1 1 8 ") in plan
 
-    # Again, on the session cluster: every step is current.
-    monkeypatch.chdir(tmp_path)
+
+def test_the_rehearsal_again_on_another_cluster_is_cached_and_a_skip_names_missing_outputs(rehearsal, local_cluster,
+                                                                                        monkeypatch, capsys):
+    """The same spec again, on the session cluster: every step is current. Then `--skip` of a step whose outputs are
+    missing: the pipeline stops there and names them."""
+    monkeypatch.chdir(rehearsal.workspace)
     assert pipeline_main("qwen3_next", ["--config", PROFILE, "--skip", "preflight", "--set",
                                         "train.megatron.check_save=true", "--result", "r2.json"]) == 0
-    again = json.loads((tmp_path / "r2.json").read_text())
+    again = json.loads((rehearsal.workspace / "r2.json").read_text())
     assert [s["status"] for s in again["steps"]] == ["cached", "cached", "skipped", "cached"]
     assert "OK: 3 artifact(s) (3 cached)" in again["steps"][0]["detail"]
     assert again["steps"][3]["detail"].startswith("finished ")
 
-    # --skip of a step whose outputs are missing: the pipeline stops there and names them.
     capsys.readouterr()
     assert pipeline_main("qwen3_next", ["--config", PROFILE, "--skip", "stage,convert", "--set", "train.trainer=pai",
                                         "--set", "train.pai.parallel.ep=1", "--set", "convert.output=ckpts/none-yet",
                                         "--result", "r3.json"]) == 1
-    skipped = json.loads((tmp_path / "r3.json").read_text())
+    skipped = json.loads((rehearsal.workspace / "r3.json").read_text())
     assert [s["status"] for s in skipped["steps"]] == ["skipped", "failed", "not-run", "not-run"]
     assert skipped["steps"][0]["detail"] == "--skip stage; its outputs are there (5 checked)"
-    latest = tmp_path / ".a4ray" / "ckpts" / "none-yet" / "latest"
+    latest = rehearsal.workspace / ".a4ray" / "ckpts" / "none-yet" / "latest"
     assert skipped["steps"][1]["detail"] == (
         f"step convert is skipped (--skip convert), but its outputs are missing: the converted checkpoint "
         f"(convert.output/latest) ({latest}/latest_checkpointed_iteration.txt)\n  hint: run the convert step "
