@@ -27,9 +27,10 @@ MARK = "A4RAY_TEST_SUITE"
 NO_CLUSTERS = "A4RAY_TEST_NO_CLUSTERS"  # set by `make test-quick`: a test that starts a Ray cluster fails the run
 TEMP_DIRS = (Path(tempfile.gettempdir()), Path("/dev/shm"))
 # Kept on purpose across runs by what made them: the per-user roots of pytest's own numbered directories (it removes
-# this run's on a pass and keeps a failed run's for a look), the JVM's perf-data directory, and a4ray's machine-wide
-# lock files of the loopback address blocks its simulated clusters take (one empty file a block, reused by every run).
-KEPT_BY_THEIR_TOOLS = ("pytest-of-", "hsperfdata_", "a4ray-loopback")
+# this run's on a pass and keeps a failed run's for a look), torch inductor's per-user cache (importing megatron-core
+# makes it in every process that does, the tests' own included), the JVM's perf-data directory, and a4ray's
+# machine-wide lock files of the loopback address blocks its simulated clusters take (an empty file a block).
+KEPT_BY_THEIR_TOOLS = ("pytest-of-", "torchinductor_", "hsperfdata_", "a4ray-loopback")
 GRACE_S = 30  # for processes still winding down as the last worker ends (a Ray node's shutdown takes seconds)
 
 

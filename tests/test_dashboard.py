@@ -61,7 +61,6 @@ def dash(tmp_path_factory, standins):
     if not (CHROMIUM and shutil.which("prometheus")):
         pytest.fail("needs Debian's chromium and prometheus: make system-deps")
     checkout = fresh_checkout(tmp_path_factory)
-    seed_standins(checkout, standins)
     env = isolated_env(checkout)
     started = time.time()
     with local_up(checkout, env, "--metrics", ray_client=False) as up:
@@ -86,9 +85,11 @@ def dash(tmp_path_factory, standins):
         # The main job from a notebook (notebooks/qwen3_next_rehearsal.ipynb) on this cluster: its kernel connects
         # to it (RAY_ADDRESS), as a notebook started beside `a4ray local up` does, and submits the rehearsal as a
         # Ray job: staged, converted and verified, preflighted, trained.
+        # Its workspace is the notebook's own (.a4ray beside it), where its stand-ins are.
+        seed_standins(checkout / "notebooks", standins)
         cells = run_notebook("qwen3_next_rehearsal", checkout, {**env, "RAY_ADDRESS": gcs})
         run_id = re.search(r"^(\S+) (?:PENDING|RUNNING|SUCCEEDED) ", printed(cells), re.M).group(1)
-        run = a4ray.get_run(run_id, workspace=checkout / ".a4ray")
+        run = a4ray.get_run(run_id, workspace=checkout / "notebooks" / ".a4ray")
         time.sleep(6)  # one more scrape (every 5 s) of what the last ranks reported
         yield {"checkout": checkout, "env": env, "address": address, "gcs": gcs, "said": said, "token": token, "started": started,
                "prometheus": prometheus, "ddp_run": re.search(r"RUN (\S+)", api.stdout).group(1),
@@ -97,11 +98,11 @@ def dash(tmp_path_factory, standins):
 
 def test_the_rehearsal_notebook_ran_its_run_on_the_cluster_it_joined(dash):
     """The notebook's own cells assert on what they show (a falling loss, goodput, the A4 plan and RayJob); its run is
-    a Ray job of this cluster, recorded in the workspace of the checkout `a4ray local up` started in."""
+    a Ray job of this cluster, recorded in the notebook's workspace (.a4ray beside it)."""
     shown = "".join(o.get("data", {}).get("text/plain", "") for o in dash["notebook"][0].outputs)
     assert shown.startswith("<a4ray.Cluster ") and dash["gcs"] in shown, shown  # connected to it, not one of its own
     run = dash["run"]
-    assert run.status() == "SUCCEEDED" and run.root.parent == dash["checkout"] / ".a4ray" / "runs"
+    assert run.status() == "SUCCEEDED" and run.root.parent == dash["checkout"] / "notebooks" / ".a4ray" / "runs"
     assert [s.status for s in run.result().steps] == ["ran", "ran", "ran", "ran"]
 
 
