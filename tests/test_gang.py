@@ -4,6 +4,7 @@ must end the whole gang with a message naming the node and leave no process of t
 
 from __future__ import annotations
 
+import getpass
 import fcntl
 import json
 import os
@@ -23,7 +24,6 @@ from a4ray.core.errors import GangFailed, GangStartTimeout, GangTimeout, GangUnp
 from a4ray.driver.execute import run
 from a4ray.runtime import gang as gang_module
 from a4ray.runtime.gang import Gang, cluster_growth
-from a4ray.runtime.node_actor import torch_default_cache
 from a4ray.runtime.process import LAUNCH_ID_VAR
 from a4ray.runtime.simulated import (
     _patient_registration,
@@ -111,7 +111,7 @@ def test_compile_caches_are_one_directory_in_the_workspace_for_every_node_unless
 def test_inductors_own_default_in_a_nodes_env_is_no_choice(extra_nodes, tmp_path):
     """Importing megatron-core sets TORCHINDUCTOR_CACHE_DIR to inductor's default in the importing process; nodes
     started by such a driver carry it, and the workspace's compile cache applies all the same."""
-    default = torch_default_cache("TORCHINDUCTOR_CACHE_DIR")
+    default = f"/tmp/torchinductor_{getpass.getuser()}"
     nodes = extra_nodes(nodes=2, node_env={i: {"TORCHINDUCTOR_CACHE_DIR": default} for i in range(2)})
     probe = "echo CACHES inductor=$TORCHINDUCTOR_CACHE_DIR"
     result = run(job("command", "cluster.nodes=2", "cluster.gpus_per_node=1", f"command.argv=[bash, -c, '{probe}']",

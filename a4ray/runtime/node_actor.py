@@ -30,7 +30,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -347,7 +346,7 @@ class NodeActor:
             # take the node's i-th GPU, as torchrun on the node would (cuda:LOCAL_RANK indexes this list)
             a4ray_vars["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_order(base["CUDA_VISIBLE_DEVICES"].split(",")))
         a4ray_vars.update({k: v for k, v in request.compile_cache_env.items()
-                           if k not in so_far or so_far[k] == torch_default_cache(k)})
+                           if k not in so_far or inductors_own(k, so_far[k])})
         if request.flight_recorder:  # defaults only: what the image or user sets wins
             a4ray_vars.update({k: v for k, v in _flight_recorder_env(request).items()
                                if k not in so_far and _FR_OLD_NAMES.get(k) not in so_far})
@@ -777,13 +776,13 @@ def _ray_worker_env() -> dict[str, str]:
     return {"OMP_NUM_THREADS": value}
 
 
-def torch_default_cache(variable: str) -> str | None:
-    """The value torch gives `variable` itself, which is no one's choice: importing megatron-core sets
-    TORCHINDUCTOR_CACHE_DIR to inductor's default (`<tmp>/torchinductor_<user>`) in the importing process, so a driver
-    that imported it before starting its embedded cluster handed that to every node as if the image had set it."""
-    if variable != "TORCHINDUCTOR_CACHE_DIR":
-        return None
-    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser()))
+def inductors_own(variable: str, value: str) -> bool:
+    """Whether `value` of `variable` is what torch gives it itself, which is no one's choice: importing megatron-core
+    sets TORCHINDUCTOR_CACHE_DIR to inductor's default (`<that process's tmp>/torchinductor_<user>`) in the importing
+    process, so a driver that imported it before starting its embedded cluster handed that to every node as if the
+    image had set it."""
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    return variable == "TORCHINDUCTOR_CACHE_DIR" and os.path.basename(value.rstrip("/")) == f"torchinductor_{user}"
 
 
 def gpu_order(ids) -> list[str]:
