@@ -3,8 +3,8 @@
 Every process the suite starts carries `A4RAY_TEST_SUITE=<this run's id>` in its environment: pytest's controller
 sets it before the xdist workers start, and every driver, Ray node, rank, Prometheus and browser inherits it. So
 the controller, once every worker has ended, finds what still runs by that mark (whoever its parent is now: Ray's
-daemons are re-parented to init), ends it and fails the run naming it. It does the same for what the run made in
-the temp directories (`/tmp`, `/dev/shm`) and left there. While the suite runs it counts the Ray clusters started
+daemons are re-parented to init), ends it and fails the run naming it. It fails the run naming what appeared in the
+temp directories (`/tmp`, `/dev/shm`) during the run and is still there. While the suite runs it counts the Ray clusters started
 (each one's GCS process), which it prints at the end with the slowest tests.
 
 A run inside a run (a test that starts pytest) finds the mark set already and leaves the guarding to the outer one.
@@ -68,7 +68,8 @@ class Guard:
                 if not name.startswith(KEPT_BY_THEIR_TOOLS)]
 
     def finish(self) -> list[str]:
-        """What the run left: ended and removed here, and returned as lines to fail the run with."""
+        """What the run left, as lines to fail the run with: its processes still running (ended here) and what it
+        made in the temp directories."""
         self._stop.set()
         deadline = time.monotonic() + GRACE_S
         while (alive := self.survivors()) and time.monotonic() < deadline:
@@ -80,19 +81,9 @@ class Guard:
                 proc.send_signal(signal.SIGKILL)
             except psutil.Error:
                 continue
-        for path in self.left_in_temp():
-            problems.append(f"left in {path.parent}: {path.name}")
-            _remove(path)
+        # Named, not removed: what appeared in /tmp during the run may be another run's on the same machine.
+        problems += [f"left in {path.parent}: {path.name}" for path in self.left_in_temp()]
         return problems
-
-
-def _remove(path: Path) -> None:
-    import shutil  # noqa: PLC0415 - only on the failure path
-
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 _guard: Guard | None = None
@@ -128,6 +119,6 @@ def pytest_terminal_summary(terminalreporter, config):
     tr.write_sep("-", f"Ray clusters started by this run: {len(_guard.clusters)}")
     problems = config.stash.get(_PROBLEMS, [])
     if problems:
-        tr.write_sep("!", f"{len(problems)} problem(s) with what the suite started (ended and removed now)", red=True)
+        tr.write_sep("!", f"{len(problems)} problem(s) with what the suite started (its processes ended now)", red=True)
         for line in problems:
             tr.write_line(line)

@@ -4,8 +4,8 @@ must end the whole gang with a message naming the node and leave no process of t
 
 from __future__ import annotations
 
-import getpass
 import fcntl
+import getpass
 import json
 import os
 import re
