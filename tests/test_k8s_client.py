@@ -220,7 +220,8 @@ def authed_head():
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY_TMPDIR=tmp, HOME=tmp)
+    # TMPDIR too: its dashboard's forkserver, killed with the head, leaves its socket directory there.
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY_TMPDIR=tmp, TMPDIR=tmp, HOME=tmp)
     proc = subprocess.Popen(
         ["ray", "start", "--head", "--block", "--port=0", f"--dashboard-port={port}", "--dashboard-host=127.0.0.1",
          "--num-cpus=1", "--num-gpus=0", f"--temp-dir={tmp}", "--disable-usage-stats"],
