@@ -170,3 +170,24 @@ def test_pipe_directories_of_gone_launches_go_with_the_next_gang_and_local_down(
             owner.wait()
         for path in dirs.values():
             shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_simulated_clusters_end_takes_the_pipe_directories_of_its_gone_launches(tmp_path):
+    """A node lost with its launch (its reaper with it) leaves the launch's pipe directory: the embedded cluster's
+    end removes those whose owner is gone, as `a4ray local down` does, so a rehearsal leaves nothing in /tmp."""
+    from a4ray.runtime.reaper import flight_recorder_pipes
+    from a4ray.runtime.simulated import SimulatedCluster
+
+    launch = f"test-{uuid.uuid4().hex[:8]}-lost"
+    owner = subprocess.Popen([PYTHON, "-c", _MAKE_PIPES, launch], cwd=REPO, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert owner.stdout.readline() == "made\n"
+    owner.kill()  # its node lost: nothing of it cleans up
+    owner.wait()
+    cluster = SimulatedCluster(1, 1)
+    try:
+        cluster.start()
+        assert flight_recorder_pipes(launch).is_dir()
+    finally:
+        cluster.shutdown()
+    assert not flight_recorder_pipes(launch).exists()

@@ -36,6 +36,7 @@ from a4ray.core.errors import SpecError
 from a4ray.observe.prometheus import LocalPrometheus
 from a4ray.runtime import auth
 from a4ray.runtime.rayenv import HEAD_ENV
+from a4ray.runtime.reaper import sweep_flight_recorder_pipes
 from a4ray.spec.cluster import TopologySpec
 from a4ray.spec.job import ClusterJob
 from a4ray.spec.overrides import validate
@@ -519,6 +520,9 @@ class SimulatedCluster:
             self.workers = {}
             for path in left_behind:
                 shutil.rmtree(path, ignore_errors=True)
+            # Launches whose reaper ended with its node (a node lost, the cluster shut down) leave their pipe
+            # directories; their owners are gone now. As `a4ray local down` does.
+            sweep_flight_recorder_pipes()
         for made in (self._tmp_root, self._ray_temp):  # its runs keep their own logs (the run directory)
             if made is not None:
                 shutil.rmtree(made, ignore_errors=True)
