@@ -4,8 +4,8 @@ Every process the suite starts carries `A4RAY_TEST_SUITE=<this run's id>` in its
 sets it before the xdist workers start, and every driver, Ray node, rank, Prometheus and browser inherits it. So
 the controller, once every worker has ended, finds what still runs by that mark (whoever its parent is now: Ray's
 daemons are re-parented to init), ends it and fails the run naming it. It fails the run naming what appeared in the
-temp directories (`/tmp`, `/dev/shm`) during the run and is still there. While the suite runs it counts the Ray clusters started
-(each one's GCS process), which it prints at the end with the slowest tests.
+temp directories (`/tmp`, `/dev/shm`) during the run and is still there. While the suite runs it counts the Ray
+clusters started (each one's GCS process), which it prints at the end with the slowest tests.
 
 A run inside a run (a test that starts pytest) finds the mark set already and leaves the guarding to the outer one.
 """
