@@ -81,7 +81,8 @@ def dash(tmp_path_factory, standins):
             " 'nccl.warmup=1', 'nccl.collectives=[all_reduce]', kind='nccl_test');"
             "print('NCCL', a4ray.submit(spec).wait(300))"), gcs],
             cwd=checkout, env=env, capture_output=True, text=True, timeout=600)
-        assert "STATUS SUCCEEDED" in api.stdout and "NCCL SUCCEEDED" in api.stdout, api.stdout[-3000:] + api.stderr[-3000:]
+        said_api = api.stdout[-3000:] + api.stderr[-3000:]
+        assert "STATUS SUCCEEDED" in api.stdout and "NCCL SUCCEEDED" in api.stdout, said_api
         # The main job from a notebook (notebooks/qwen3_next_rehearsal.ipynb) on this cluster: its kernel connects
         # to it (RAY_ADDRESS), as a notebook started beside `a4ray local up` does, and submits the rehearsal as a
         # Ray job: staged, converted and verified, preflighted, trained.
@@ -91,7 +92,8 @@ def dash(tmp_path_factory, standins):
         run_id = re.search(r"^(\S+) (?:PENDING|RUNNING|SUCCEEDED) ", printed(cells), re.M).group(1)
         run = a4ray.get_run(run_id, workspace=checkout / "notebooks" / ".a4ray")
         time.sleep(6)  # one more scrape (every 5 s) of what the last ranks reported
-        yield {"checkout": checkout, "env": env, "address": address, "gcs": gcs, "said": said, "token": token, "started": started,
+        yield {"checkout": checkout, "env": env, "address": address, "gcs": gcs, "said": said, "token": token,
+               "started": started,
                "prometheus": prometheus, "ddp_run": re.search(r"RUN (\S+)", api.stdout).group(1),
                "run": run, "stream": run.logs(), "notebook": cells}
 

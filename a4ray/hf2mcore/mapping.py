@@ -29,8 +29,8 @@ a layer's expert tensor as one chunk, a `Unit`.
 The two namings differ where Transformer Engine fuses a norm into the next linear layer: the TE specs
 (Pai-Megatron-Patch, ms-swift, Megatron-Bridge) keep the MoE pre-MLP norm as its own module and have
 `_extra_state` on their norms; the local specs map both norms into the linears' `layer_norm_weight`.
-Facts and their sources: Megatron-LM's `checkpointing.py` (the tracker, `iter_{:07d}`, torch_dist's layout), and mcore 0.16's
-`get_gpt_layer_local_spec` / `get_gpt_layer_with_transformer_engine_spec`.
+Facts and their sources: Megatron-LM's `checkpointing.py` (the tracker, `iter_{:07d}`, torch_dist's layout), and
+mcore 0.16's `get_gpt_layer_local_spec` / `get_gpt_layer_with_transformer_engine_spec`.
 """
 
 from __future__ import annotations

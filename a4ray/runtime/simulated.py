@@ -132,8 +132,9 @@ def _forkserver_dirs(head) -> list[str]:
             dashboard = psutil.Process(info.process.pid)
             for proc in [dashboard, *dashboard.children(recursive=True)]:
                 with contextlib.suppress(psutil.Error):
-                    found |= {os.path.dirname(c.laddr) for c in proc.net_connections("unix")
-                              if isinstance(c.laddr, str) and os.path.basename(os.path.dirname(c.laddr)).startswith("pymp-")}
+                    sockets = [c.laddr for c in proc.net_connections("unix") if isinstance(c.laddr, str)]
+                    found |= {os.path.dirname(s) for s in sockets
+                              if os.path.basename(os.path.dirname(s)).startswith("pymp-")}
     return sorted(found)
 
 
