@@ -70,8 +70,8 @@ def pytest_configure(config):
 def pytest_collection_finish(session):
     """Start the watchdog-defaults runs (minutes each, idle while they wait) as the suite starts, once, where their
     tests are among those selected (not for --collect-only, nor where -k or a path leaves them out). Under xdist the
-    controller loads no test conftest: the first worker to make the run's directory (named by xdist's test-run id,
-    which every worker shares) starts them."""
+    controller collects no test (this hook does not run there): the first worker to make the run's directory (named
+    by xdist's test-run id, which every worker shares) starts them."""
     if WATCHDOG_DEFAULTS_ENV in os.environ or session.config.option.collectonly:
         return
     if not any(item.path.name == "test_watchdog_defaults.py" for item in session.items):
@@ -329,6 +329,7 @@ def seed_standins(workspace: Path, made: dict[str, Path]) -> None:
     stage step finds them current and stages them, as on a second rehearsal in one checkout."""
     source = next(iter(made.values())).parent
     shutil.copytree(source, workspace / ".a4ray" / "standins", dirs_exist_ok=True)
+
 
 def run_notebook(name: str, root: Path, env: dict[str, str]) -> list:
     """notebooks/<name>.ipynb, top to bottom in a real Jupyter kernel (nbclient), from a copy in `root`/notebooks

@@ -21,7 +21,6 @@ with the actor (its reaper).
 from __future__ import annotations
 
 import collections
-import getpass
 import json
 import os
 import re
@@ -55,7 +54,7 @@ from a4ray.runtime.netenv import LAUNCH_CONTRACT, EnvLayer, build_env, gib_layer
 from a4ray.runtime.process import LAUNCH_ID_VAR, ManagedProcess, launch_processes
 from a4ray.runtime.reaper import flight_recorder_pipes, make_flight_recorder_pipes, sweep_flight_recorder_pipes
 from a4ray.runtime.topology import NodeFacts
-from a4ray.spec.cluster import NetworkSpec
+from a4ray.spec.cluster import NetworkSpec, inductors_own
 
 # torchrun --tee prefixes each worker line with "[<role><local_rank>]:".
 _TORCHRUN_PREFIX = re.compile(r"^\[default(\d+)\]:")
@@ -774,15 +773,6 @@ def _ray_worker_env() -> dict[str, str]:
     if "OMP_NUM_THREADS" in node_env or "OMP_NUM_THREADS" in job_env:
         return {}
     return {"OMP_NUM_THREADS": value}
-
-
-def inductors_own(variable: str, value: str) -> bool:
-    """Whether `value` of `variable` is what torch gives it itself, which is no one's choice: importing megatron-core
-    sets TORCHINDUCTOR_CACHE_DIR to inductor's default (`<that process's tmp>/torchinductor_<user>`) in the importing
-    process, so a driver that imported it before starting its embedded cluster handed that to every node as if the
-    image had set it."""
-    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
-    return variable == "TORCHINDUCTOR_CACHE_DIR" and os.path.basename(value.rstrip("/")) == f"torchinductor_{user}"
 
 
 def gpu_order(ids) -> list[str]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import getpass
+import os
+import re
 from pathlib import PurePosixPath
 from typing import Literal
 
@@ -110,6 +113,15 @@ class NetworkSpec(Spec):
         """`<gib root>/lib64`, where libnccl and the net/tuner plugins live (script is <root>/scripts/...)."""
         root = self.gib_script.rsplit("/", 2)[0]
         return f"{root}/lib64"
+
+
+def inductors_own(variable: str, value: str) -> bool:
+    """Whether `value` of `variable` is what torch gives it itself, which is no one's choice, so the compile cache's
+    default still applies: importing megatron-core sets TORCHINDUCTOR_CACHE_DIR to inductor's default
+    (`<that process's tmp>/torchinductor_<user>`) in the importing process, so a driver that imported it before
+    starting its embedded cluster handed that to every node as if the image had set it."""
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    return variable == "TORCHINDUCTOR_CACHE_DIR" and os.path.basename(value.rstrip("/")) == f"torchinductor_{user}"
 
 
 class StorageSpec(Spec):
