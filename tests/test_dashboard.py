@@ -191,7 +191,10 @@ async def _browse(dash, shots: Path) -> dict[str, str]:
     finally:
         chromium.terminate()
         chromium.wait(timeout=30)
-        shutil.rmtree(profile, ignore_errors=True)
+        deadline = time.monotonic() + 30  # its helper processes may still write there for a moment
+        while Path(profile).exists() and time.monotonic() < deadline:
+            shutil.rmtree(profile, ignore_errors=True)
+            time.sleep(0.5)
     return pages
 
 
