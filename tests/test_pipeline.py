@@ -14,6 +14,7 @@ but the preflight is cached; and `--skip` of a step whose outputs are missing fa
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -246,19 +247,22 @@ _SHORT = ["--skip", "preflight", "--set", "train.iterations=12", "--set", "train
 @pytest.mark.timeout(900)  # two whole pipeline runs on 4 nodes
 def test_local_nodes_4_cancelled_then_resumed_and_3_planned(tmp_path, monkeypatch, capsys, standins):
     """`--local-nodes N` rehearses on N nodes: the profile derives its expert parallelism (it must divide the
-    models' 8 experts) and global batch from N. On 4 nodes, Ctrl-C at an iteration: the record says how far
-    train got, and nothing of the stopped ranks is streamed after "stopping"; the rerun resumes and finishes.
-    On 3 nodes, the plan: expert parallelism 1 (the only divisor of both 8 and 3) and one micro-batch per node.
-    (A MoE model trained with ep 1 and dp 3 on 3 nodes: test_culprits' node made slower.)"""
+    models' 8 experts) and global batch from N. On 4 nodes, a stop with notice (SIGTERM to the run's process group,
+    as a shell or CI runner stops it) between two checkpoints: the ranks save at the iteration they reached, the
+    record says which, nothing of the stopped ranks is streamed after "stopping", and the rerun resumes from that
+    very iteration: nothing is redone. On 3 nodes, the plan: expert parallelism 1 (the only divisor of both 8 and 3)
+    and one micro-batch per node. (A MoE model trained with ep 1 and dp 3 on 3 nodes: test_culprits' node made
+    slower.)"""
     seed_standins(tmp_path, standins)
     cmd = [PYTHON, "-m", "a4ray.qwen3_next", "--local-nodes", "4", *_SHORT]
     env = isolated_env(tmp_path)
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     seen = []
     for line in proc.stdout:
         seen.append(line)
-        if line.startswith("a4ray: progress: iteration 6/"):  # a checkpoint at 4 is saved
-            proc.send_signal(signal.SIGINT)
+        if line.startswith("a4ray: progress: iteration 5/"):  # a checkpoint at 4 is saved, the next is due at 8
+            os.killpg(proc.pid, signal.SIGTERM)
             break
     rest, _ = proc.communicate(timeout=300)
     out = "".join(seen) + rest
@@ -267,11 +271,17 @@ def test_local_nodes_4_cancelled_then_resumed_and_3_planned(tmp_path, monkeypatc
     assert "global batch 16 = micro 4 x dp 4" in out
     after = out[out.index("a4ray: stopping "):]
     assert not [line for line in after.splitlines() if line.startswith("[n")], after
+    assert "a4ray: notice to 4 node(s): the ranks save a checkpoint at the iteration they reached" in after
     (record,) = tmp_path.glob(".a4ray/runs/*/result.json")
     steps = {s["name"]: s for s in json.loads(record.read_text())["steps"]}
     assert steps["train"]["status"] == "cancelled", steps["train"]
-    reached = int(re.search(r"at iteration (\d+)", steps["train"]["detail"]).group(1))
-    assert 6 <= reached < 12 and f"a4ray: progress: iteration {reached}/12" in out  # the stream said it too
+    reached, saved = map(int, re.search(r"at iteration (\d+); checkpoint iteration (\d+) saved on notice",
+                                        steps["train"]["detail"]).groups())
+    assert 5 <= reached == saved < 12, steps["train"]  # after the save at 4
+    assert f"a4ray: saved checkpoint iteration {saved} on notice in " in after
+    rank_logs = "".join(p.read_text() for p in record.parent.glob("logs/train/rank-*.log"))
+    assert rank_logs.count(f"saved checkpoint iteration {saved} on notice (SIGUSR1)") == 1  # said by rank 0
+    assert f"exiting after iteration {saved}: SIGUSR1 received" in rank_logs
     _no_flight_recorder_pipes_left(record.parent)
 
     again = run_to_end([*cmd, "--result", "r4.json"], cwd=tmp_path, env=isolated_env(tmp_path), timeout=420)
@@ -279,7 +289,8 @@ def test_local_nodes_4_cancelled_then_resumed_and_3_planned(tmp_path, monkeypatc
     result = json.loads((tmp_path / "r4.json").read_text())
     assert [s["status"] for s in result["steps"]] == ["cached", "cached", "skipped", "ran"]
     train = result["steps"][3]["result"]
-    assert train["world_size"] == 4 and train["iterations"] == 12 and train["start_iteration"] >= 4
+    assert train["world_size"] == 4 and train["iterations"] == 12 and train["start_iteration"] == saved
+    assert f"resuming from checkpoint iteration {saved} " in again.stdout
 
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()

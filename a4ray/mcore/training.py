@@ -20,6 +20,8 @@ config (`parse_args`) -> build (`setup`, `build`) -> `train`:
   scalars (`scalars.Scalars`, in --tensorboard-dir); checkpoints every
   --save-interval iterations and at the end (`checkpointing.save`, Megatron-LM's torch_dist layout); at
   the end one `A4RAY_RESULT {...}` record (trainer "megatron") from the last rank.
+* notice (--exit-signal-handler): on --exit-signal every rank saves at the iteration it reached and ends
+  (`Notice`; a4ray's stop with notice, runtime/notice.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import inspect
 import json
 import math
 import os
+import signal
 import socket
 import sys
 import time
@@ -94,6 +97,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tensorboard-dir", help="TensorBoard scalars (default: <save>/../tensorboard)")
     p.add_argument("--exit-interval", type=int, default=0,
                    help="save and stop after an iteration divisible by this (Megatron-LM's --exit-interval)")
+    p.add_argument("--exit-signal-handler", action="store_true",
+                   help="on --exit-signal every rank finishes its iteration, saves a checkpoint at it and ends "
+                        "(Megatron-LM's --exit-signal-handler): a stop with notice loses no iteration")
+    p.add_argument("--exit-signal", choices=("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT"), default="SIGTERM",
+                   help="the signal --exit-signal-handler acts on (a4ray sends SIGUSR1: its fault stops send SIGTERM, "
+                        "which must end a rank blocked on a dead peer at once)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
@@ -306,6 +315,27 @@ def training_log(iteration: int, train_iters: int, *, consumed: int, step_ms: fl
 # ----------------------------------------------------------------------------------------- train
 
 
+class Notice:
+    """--exit-signal-handler: the signal only sets a flag; at the end of each iteration the ranks agree on it (a
+    max-all-reduce of one integer, so a rank the signal has not reached yet saves with the others), then save at
+    that iteration and end."""
+
+    def __init__(self, name: str, device: torch.device):
+        self.name = name
+        self.received = False
+        self.flag = torch.zeros(1, dtype=torch.int32, device=device)
+        signal.signal(getattr(signal, name), self._on_signal)
+
+    def _on_signal(self, _signum, _frame) -> None:
+        self.received = True
+
+    def agreed(self) -> bool:
+        self.flag.fill_(int(self.received))
+        dist.all_reduce(self.flag, op=dist.ReduceOp.MAX)
+        return bool(self.flag.item())
+
+
+
 def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batches: dataset.Batches, start: int,
           ckpt_args) -> dict:
     """Iterations start+1 .. train_iters; returns what the result record reports."""
@@ -320,6 +350,8 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
     compute = ComputeTimer(next(module.parameters()).device).exclude_collectives()
     config.finalize_model_grads_func = compute.before(config.finalize_model_grads_func)
     scalars = Scalars.for_this_rank(tensorboard_dir(args), last_rank=is_last_rank())
+    notice = Notice(args.exit_signal, next(module.parameters()).device) if args.exit_signal_handler else None
+    noticed = False
     for iteration in range(start, args.train_iters):
         t0 = time.perf_counter()
         compute.start()
@@ -354,21 +386,28 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
         if done % args.log_interval == 0:  # a window of the straggler check: every rank reports at once
             compute.report(done)
         stop = bool(args.exit_interval) and done % args.exit_interval == 0 and done < args.train_iters
-        if done % args.save_interval == 0 or done == args.train_iters or stop:
+        noticed = notice is not None and notice.agreed() and done < args.train_iters
+        if done % args.save_interval == 0 or done == args.train_iters or stop or noticed:
             ckpt_args.iteration, ckpt_args.consumed_train_samples = done, done * G
             ts = time.perf_counter()
             # Megatron-LM's words: the hang watchdog allows a save its upper bound, not the run's pace
             say(f"saving checkpoint at iteration {done:7d} to {Path(args.save).resolve()} in torch_dist format")
             saved = checkpointing.save(Path(args.save).resolve(), done, module, optimizer, scheduler, ckpt_args,
                                     model.ddp_config.use_distributed_optimizer, keep=args.keep)
-            say(f"saved checkpoint iteration {done} to {saved} in {time.perf_counter() - ts:.2f}s")
+            took = f"{saved} in {time.perf_counter() - ts:.2f}s"
+            say(f"saved checkpoint iteration {done} on notice ({args.exit_signal}) to {took}" if noticed
+                else f"saved checkpoint iteration {done} to {took}")  # the first: runtime.notice.SAVED_ON_NOTICE
             if args.check_save:
                 check_saved(saved, module, optimizer, model.ddp_config.use_distributed_optimizer)
+        if noticed:
+            say(f"exiting after iteration {done}: {args.exit_signal} received (--exit-signal-handler)")
+            break
         if stop:
             say(f"exiting after iteration {done} (--exit-interval {args.exit_interval})")
             break
     scalars.close()
-    return {"losses": losses, "step_times": step_times, "checkpoint": str(saved) if saved else None}
+    return {"losses": losses, "step_times": step_times, "checkpoint": str(saved) if saved else None,
+            "noticed": noticed}
 
 
 def tensorboard_dir(args: argparse.Namespace) -> Path:
@@ -491,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     result = train(args, module=module, model=model, optimizer=optimizer, scheduler=scheduler, batches=batches,
                    start=start, ckpt_args=ckpt_args)
 
+    if result["noticed"]:  # stopped on notice: the run is not over, and its record is the rerun's
+        exit_distributed(0)
     devices = [None] * world
     dist.all_gather_object(devices, f"{socket.gethostname()}:{device}")
     if is_last_rank():

@@ -153,6 +153,10 @@ def _how_far(stop: BaseException) -> str:
     last = getattr(gang, "last_iteration", None)
     if last is None:
         return "cancelled (Ctrl-C or `ray job stop`); a rerun runs it again (finished steps are cached)"
+    saved = getattr(gang, "saved_on_notice", None)
+    if saved is not None:
+        return (f"cancelled (Ctrl-C or `ray job stop`) at iteration {last}; checkpoint iteration {saved} saved on "
+                "notice: a rerun resumes from it")
     return (f"cancelled (Ctrl-C or `ray job stop`) at iteration {last}; a rerun resumes from the newest "
             "checkpoint saved")
 

@@ -376,6 +376,7 @@ class Gang:
         supervisor = Supervisor(
             actors, members, wheres, [self.node_ref(g) for g in members], launches, timeout_s,
             observe=self.spec.observe, observers=self.observers, stop=self._stop, hang_dir=hang_dir,
+            notice=self._notice if any(launch.saves_on_notice for launch in launches) else None,
             log_dir=log_dir, tags=(self.spec.name, self.run_id), records_dir=Path(log_dir) / "flight-recorder")
         restoring = self._restoring(standby if warm_spares else None, launch_id) if nodes is None else \
             contextlib.nullcontext()
@@ -503,6 +504,7 @@ class Gang:
             failure_kind=None if ok else ("failed" if outcome.kind == "done" else outcome.kind),
             failed_node=None if outcome.failed_node is None else members[outcome.failed_node],
             iterations_seen=outcome.iterations_seen, last_iteration=outcome.last_iteration,
+            saved_on_notice=outcome.saved_on_notice,
             hang_report=outcome.hang_report, hang_verdict=outcome.hang_verdict, stragglers=outcome.stragglers,
             times=outcome.times,
         )
@@ -530,6 +532,17 @@ class Gang:
             ray.wait(refs, num_returns=len(refs), timeout=grace + 30)
         except Exception:  # noqa: BLE001 - stopping is best effort; the reapers finish the job
             pass
+
+    def _notice(self, ranks: list[int]) -> float:
+        """A stop with notice to gang ranks `ranks` (runtime/notice.py): their ranks save and end, each node waited
+        for up to cluster.notice_grace_s. Returns the grace given."""
+        grace = self.cluster.notice_grace_s
+        refs = [self.actors[g].notice.remote(grace) for g in ranks]
+        try:
+            ray.wait(refs, num_returns=len(refs), timeout=grace + 30)
+        except Exception:  # noqa: BLE001 - an actor gone meanwhile: the stop that follows reports it
+            pass
+        return grace
 
     def close(self) -> None:
         """End the node actors and remove the placement group. An actor ends itself (Ray's `__ray_terminate__`: the

@@ -47,7 +47,9 @@ class Launch(BaseModel):
 
     An empty `argv` is a standby: the node builds its env and serves exec requests until the nodes
     with commands have ended. `env_scripts` are sourced on the node after gIB (e.g. DeepEP's env);
-    `files` are written on the node before the command starts (e.g. an MPI hostfile).
+    `files` are written on the node before the command starts (e.g. an MPI hostfile). `saves_on_notice`: the
+    ranks save at the iteration they reached and end on a4ray's notice (runtime/notice.py), so a cancel gives them
+    the time to (cluster.notice_grace_s).
     """
 
     argv: list[str]
@@ -56,6 +58,7 @@ class Launch(BaseModel):
     files: dict[str, str] = {}
     cwd: str | None = None
     nproc: int = 0
+    saves_on_notice: bool = False
 
     @property
     def standby(self) -> bool:
@@ -91,6 +94,7 @@ class GangResult(BaseModel):
     attempt: int = 0
     iterations_seen: int = 0  # iteration lines seen in this launch (progress made)
     last_iteration: int | None = None
+    saved_on_notice: int | None = None  # the iteration the ranks saved at when told of a stop (a cancel)
     hang_report: str | None = None  # directory with every rank's stack dump and a summary
     hang_verdict: HangVerdict | None = None  # which rank, on which node, the hang waits for
     stragglers: list[Straggler] = []  # nodes flagged slower than the gang while it ran

@@ -51,6 +51,7 @@ from a4ray.programs.record import (  # what a4ray's rank programs print and serv
 )
 from a4ray.runtime import ranks
 from a4ray.runtime.netenv import LAUNCH_CONTRACT, EnvLayer, build_env, gib_layer, source_script
+from a4ray.runtime.notice import give_notice
 from a4ray.runtime.process import LAUNCH_ID_VAR, ManagedProcess, launch_processes
 from a4ray.runtime.reaper import flight_recorder_pipes, make_flight_recorder_pipes, sweep_flight_recorder_pipes
 from a4ray.runtime.topology import NodeFacts
@@ -567,6 +568,16 @@ class NodeActor:
 
     def _live(self) -> bool:
         return self._running() or self._standby.is_set()
+
+    def notice(self, grace_s: float) -> tuple[int, bool]:
+        """A stop with notice (runtime/notice.py): the launch's ranks save and end. Waits up to `grace_s` for the
+        launch to end by itself; returns (ranks told, whether it ended in time)."""
+        p = self._process
+        if p is None or p.pid is None or not p.running:
+            return 0, True
+        told = give_notice(p.pid, p.launch_id)
+        p.wait(grace_s)
+        return told, not p.running
 
     def stop(self, grace_s: float | None = None) -> int | None:
         """Terminate the launch's whole process tree and every exec'd command (SIGTERM, wait, SIGKILL)."""

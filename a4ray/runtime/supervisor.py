@@ -32,6 +32,7 @@ from a4ray.observe.verdicts import Culprit, HangVerdict, NodeRef, Straggler
 from a4ray.runtime.deaths import ACTOR_GONE, why_died
 from a4ray.runtime.launch import Launch
 from a4ray.runtime.node_actor import Line, Poll
+from a4ray.runtime.notice import SAVED_ON_NOTICE
 from a4ray.runtime.ranks import FAILURE_HEADER, ended_rank
 from a4ray.spec.resilience import ObserveSpec
 
@@ -74,6 +75,7 @@ class Outcome:
         self.tails: dict[int, list[str]] = {}
         self.iterations_seen = 0
         self.last_iteration: int | None = None
+        self.saved_on_notice: int | None = None  # the iteration the ranks saved at on a cancel's notice
         self.hang_report: str | None = None
         self.hang_verdict: HangVerdict | None = None
         self.stragglers: list[Straggler] = []
@@ -85,7 +87,8 @@ class Supervisor:
 
     `actors`: the launch's node actors, in launch-rank order; `members`: their gang ranks; `wheres`: how
     each node is described in messages; `nodes`: who each node is (host, IP, block) in verdicts;
-    `stop(gang_ranks)` stops nodes' process trees (the gang's); `hang_dir`: where a hang report goes;
+    `stop(gang_ranks)` stops nodes' process trees (the gang's); `notice(gang_ranks)`, where the launch saves on
+    notice, has them save and end first on a cancel (returns the grace it gave); `hang_dir`: where a hang report goes;
     `log_dir`: where the nodes' logs are; `records_dir`: where NCCL dumps its flight records on its own timeout;
     `tags`: the job and run, for metrics.
     """
@@ -93,7 +96,7 @@ class Supervisor:
     def __init__(self, actors: list, members: list[int], wheres: list[str], nodes: list[NodeRef], launches: list[Launch],
                  timeout_s: float | None, *, observe: ObserveSpec, observers: list[LineObserver],
                  stop: Callable[[list[int]], None], hang_dir: Path, log_dir: str, tags: tuple[str, str],
-                 records_dir: Path):
+                 records_dir: Path, notice: Callable[[list[int]], float] | None = None):
         self.actors = actors
         self.members = members
         self.wheres = wheres
@@ -105,6 +108,7 @@ class Supervisor:
         self.observe = observe
         self.observers = observers
         self.stop = stop
+        self.notice = notice
         self.hang_dir = hang_dir
         self.records_dir = records_dir  # where NCCL dumps its flight records on its own timeout
         self.log_dir = log_dir
@@ -163,6 +167,8 @@ class Supervisor:
                 observer(rank, line)
             if line.progress is not None:
                 self._on_progress(line.progress, line.at or time.time())
+            elif self.stopping and (saved := SAVED_ON_NOTICE.search(line.text)):
+                self.outcome.saved_on_notice = int(saved.group(1))
             tail.append(line.text)
         del tail[:-LAST_LINES]
         if poll.lines:
@@ -529,6 +535,27 @@ class Supervisor:
             metrics.record_culprit(*self.tags, culprit.node)
         return verdict
 
+    def _give_notice(self, ranks: list[int]) -> None:
+        """A cancel of a launch that saves on notice: its ranks save at the iteration they reached, then end."""
+        say(f"notice to {len(ranks)} node(s): the ranks save a checkpoint at the iteration they reached, then end "
+            "(Ctrl-C again to stop at once)")
+        t0 = time.monotonic()
+        try:
+            grace = self.notice([self.members[rank] for rank in ranks])
+        except KeyboardInterrupt:
+            say("a second Ctrl-C: stopping now, without the save")
+            return
+        took = time.monotonic() - t0
+        for rank in ranks:  # their last lines, the save's among them
+            try:
+                self._emit(rank, ray.get(self.actors[rank].poll.remote(self.cursors[rank], 0.0), timeout=30))
+            except Exception:  # noqa: BLE001 - an actor gone: the stop that follows reports it
+                continue
+        saved = self.outcome.saved_on_notice
+        say(f"saved checkpoint iteration {saved} on notice in {took:.1f}s" if saved is not None else
+            f"no checkpoint saved on notice within {took:.1f}s (grace {grace:g}s, cluster.notice_grace_s): a rerun "
+            "resumes from the newest one saved before")
+
     def _finish(self) -> Outcome:
         """Stop every still-running node, then drain the lines they printed while stopping. Not only the ranks
         with a poll pending: a Ctrl-C / SIGTERM lands between taking a poll's result and asking again as often
@@ -543,6 +570,8 @@ class Supervisor:
                 "timeout": "past the timeout", "cancelled": "cancelled"}.get(out.kind, "")
         say(f"stopping {len(running)} node(s)" + (f": {said}" if said else ""))
         self.stopping = True
+        if out.kind == "cancelled" and self.notice is not None and running - out.lost:
+            self._give_notice(sorted(running - out.lost))
         self.stop([self.members[rank] for rank in sorted(running - out.lost)])
         for rank in sorted(running - out.lost):
             try:

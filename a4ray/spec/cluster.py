@@ -58,6 +58,9 @@ class ClusterSpec(Spec):
         "Needs restart.max_restarts >= 1")
     start_timeout_s: Seconds = Field(120, description="how long to wait for the gang to be placed")
     stop_grace_s: Seconds = Field(10, description="SIGTERM to SIGKILL grace when stopping a node")
+    notice_grace_s: Seconds = Field(
+        300, description="a cancel (Ctrl-C, `ray job stop`, SIGTERM to the driver) of a trainer that saves on notice: "
+        "how long its ranks have to save at the iteration they reached and end before they are stopped")
     launcher: Literal["a4ray", "torchrun"] = Field(
         "a4ray", description="what starts a node's ranks of a torchrun workload: a4ray's rank launcher "
         "(torchrun's env contract, no elastic agent: the gang already placed, ranked and supervises the "

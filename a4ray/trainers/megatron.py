@@ -16,6 +16,7 @@ from a4ray.core.errors import UnsupportedModel
 from a4ray.mcore.architecture import Architecture
 from a4ray.mcore.checkpointing import TRACKER, newest_complete
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
+from a4ray.runtime.notice import NOTICE_SIGNAL
 from a4ray.spec.conversion import ConvertSpec
 from a4ray.trainers.interface import LoopResult, Trainer, fit_problems
 from a4ray.workloads.torchrun import torchrun
@@ -83,7 +84,7 @@ class MegatronTrain(Trainer):
                 "--ep", str(par.ep), "--etp", str(par.etp), "--distributed-optimizer", m.distributed_optimizer,
                 "--naming", m.layers, "--save-interval", str(t.save_interval), "--keep", str(m.keep_checkpoints),
                 "--log-interval", str(t.log_interval), "--seed", str(m.seed), "--backend", m.backend,
-                "--precision", m.precision]
+                "--precision", m.precision, "--exit-signal-handler", "--exit-signal", NOTICE_SIGNAL.name]
         if m.check_save:
             args.append("--check-save")
         if par.sp and par.tp > 1:
@@ -95,7 +96,8 @@ class MegatronTrain(Trainer):
         return args
 
     def launch(self, node: NodeContext) -> Launch:
-        return Launch(argv=torchrun(node, ["-m", "a4ray.mcore", *self.trainer_args()]), nproc=node.gpus)
+        return Launch(argv=torchrun(node, ["-m", "a4ray.mcore", *self.trainer_args()]), nproc=node.gpus,
+                      saves_on_notice=True)
 
     def straggler_check(self) -> str:
         return ("on: every rank's own compute per step (forward and backward before the gradient reduction, less "
