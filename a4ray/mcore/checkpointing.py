@@ -17,6 +17,11 @@ An iteration is saved into `<save>/.iter_NNNNNNN.tmp` and renamed into place onc
 its part, then the tracker names it: a crash mid-save leaves the previous checkpoint the latest, and no
 half-written `iter_*` directory.
 
+Async saves (`AsyncSaves`, Megatron-LM's --async-save): megatron-core copies each rank's tensors out (training
+blocks for that copy only) and a forked writer per rank writes them; once every rank's writer has ended, the
+finalization (DCP's .metadata, mcore's metadata.json, then the rename and the tracker, last) runs on every rank at
+a later iteration. A save still in flight when its rank dies leaves only its `.iter_*.tmp`: never the newest.
+
 Loading: `newest_complete(save)` (the trainer's own checkpoints: model, optimizer, scheduler, iteration,
 RNG) wins over `initial` (a converted checkpoint, e.g. the native converter's `release`: model weights
 only, tensors checked against the model first by `check_shapes`).
@@ -25,9 +30,11 @@ only, tensors checked against the model first by `check_shapes`).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import random
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -210,10 +217,40 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class AsyncSaves:
+    """Async persistent saves through megatron-core's `AsyncCallsQueue`: one forked writer per rank and save. Its
+    writers hand their results back through a Manager's queue (mcore's own carrier), started here by fork rather
+    than at the first save by spawn (a fresh interpreter that imports the trainer again: seconds of the first
+    save's blocking time on the CPU)."""
+
+    def __init__(self) -> None:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        self.calls = AsyncCallsQueue(persistent=False)
+        filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
+        self.in_flight: dict[int, tuple[int, float]] = {}  # call -> (iteration, when its writers started)
+
+    def start(self, request, iteration: int) -> None:
+        self.in_flight[self.calls.schedule_async_request(request)] = (iteration, time.perf_counter())
+
+    def finish(self, blocking: bool) -> list[tuple[int, float]]:
+        """Finalize the saves whose writers have ended on every rank (all of them, waiting, if `blocking`); every
+        rank calls it at the same point. Returns (iteration, seconds from its writers' start) of each finalized."""
+        if not self.in_flight:
+            return []
+        done = []
+        for call in self.calls.maybe_finalize_async_calls(blocking=blocking):
+            iteration, started = self.in_flight.pop(call)
+            done.append((iteration, time.perf_counter() - started))
+        return done
+
+
 def save(save_dir: Path, iteration: int, model, optimizer, scheduler, args: argparse.Namespace,
-         use_distributed_optimizer: bool, keep: int = 0) -> Path:
-    """Save `iteration` (every rank calls it); returns the iteration directory. `keep` > 0: only the
-    newest `keep` iterations stay."""
+         use_distributed_optimizer: bool, keep: int = 0, saves: AsyncSaves | None = None) -> Path:
+    """Save `iteration` (every rank calls it); returns the iteration directory. `keep` > 0: only the newest `keep`
+    iterations stay. With `saves`, the save is async: this returns once the state is copied out, and the directory
+    is complete (and the tracker names it) only once `saves.finish` has finalized it."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.utils import _clean_metadata_for_serialization
 
@@ -229,17 +266,26 @@ def save(save_dir: Path, iteration: int, model, optimizer, scheduler, args: argp
     sd = state_dict(model, optimizer, scheduler, args=args, iteration=iteration,
                     use_distributed_optimizer=use_distributed_optimizer)
     content = _clean_metadata_for_serialization(_content_metadata(use_distributed_optimizer))
-    dist_checkpointing.save(sd, str(tmp), content_metadata=content)  # ends with a barrier
-    if rank == 0:
-        if final.exists():  # an iteration saved before, by a run that went back to an older checkpoint
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _atomic_write(save_dir / TRACKER, str(iteration))
-        if keep > 0:
-            kept = sorted(save_dir.glob("iter_*"), key=lambda p: p.name)
-            for old in kept[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+
+    def publish() -> None:  # every rank's part is durable: the directory goes into place, then the tracker names it
+        if rank == 0:
+            if final.exists():  # an iteration saved before, by a run that went back to an older checkpoint
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _atomic_write(save_dir / TRACKER, str(iteration))
+            if keep > 0:
+                kept = sorted(save_dir.glob("iter_*"), key=lambda p: p.name)
+                for old in kept[:-keep]:
+                    shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()
+
+    if saves is None:
+        dist_checkpointing.save(sd, str(tmp), content_metadata=content)  # ends with a barrier
+        publish()
+    else:
+        request = dist_checkpointing.save(sd, str(tmp), content_metadata=content, async_sharded_save=True)
+        request.add_finalize_fn(publish)
+        saves.start(request, iteration)
     return final
 
 

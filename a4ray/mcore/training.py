@@ -93,6 +93,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="layer spec (and so checkpoint naming): te where Transformer Engine imports")
     p.add_argument("--save-interval", type=int, default=100)
     p.add_argument("--keep", type=int, default=0, help="keep only the newest N checkpoints (0: all)")
+    p.add_argument("--async-save", action="store_true",
+                   help="interval saves block training only for the copy of the state; the write goes on in the "
+                        "background and the checkpoint counts (the tracker names it) once every rank's part is written "
+                        "(Megatron-LM's --async-save; --check-save checks the synchronous ones: the last, on notice)")
     p.add_argument("--log-interval", type=int, default=1)
     p.add_argument("--tensorboard-dir", help="TensorBoard scalars (default: <save>/../tensorboard)")
     p.add_argument("--exit-interval", type=int, default=0,
@@ -351,6 +355,7 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
     config.finalize_model_grads_func = compute.before(config.finalize_model_grads_func)
     scalars = Scalars.for_this_rank(tensorboard_dir(args), last_rank=is_last_rank())
     notice = Notice(args.exit_signal, next(module.parameters()).device) if args.exit_signal_handler else None
+    saves = checkpointing.AsyncSaves() if args.async_save else None
     noticed = False
     for iteration in range(start, args.train_iters):
         t0 = time.perf_counter()
@@ -387,18 +392,15 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
             compute.report(done)
         stop = bool(args.exit_interval) and done % args.exit_interval == 0 and done < args.train_iters
         noticed = notice is not None and notice.agreed() and done < args.train_iters
+        if saves is not None:
+            report_finished(saves, blocking=False)
         if done % args.save_interval == 0 or done == args.train_iters or stop or noticed:
             ckpt_args.iteration, ckpt_args.consumed_train_samples = done, done * G
-            ts = time.perf_counter()
-            # Megatron-LM's words: the hang watchdog allows a save its upper bound, not the run's pace
-            say(f"saving checkpoint at iteration {done:7d} to {Path(args.save).resolve()} in torch_dist format")
-            saved = checkpointing.save(Path(args.save).resolve(), done, module, optimizer, scheduler, ckpt_args,
-                                    model.ddp_config.use_distributed_optimizer, keep=args.keep)
-            took = f"{saved} in {time.perf_counter() - ts:.2f}s"
-            say(f"saved checkpoint iteration {done} on notice ({args.exit_signal}) to {took}" if noticed
-                else f"saved checkpoint iteration {done} to {took}")  # the first: runtime.notice.SAVED_ON_NOTICE
-            if args.check_save:
-                check_saved(saved, module, optimizer, model.ddp_config.use_distributed_optimizer)
+            # the run goes on after an interval's save only: the others are synchronous
+            ends = done == args.train_iters or stop or noticed
+            saved = save_checkpoint(args, done, module=module, optimizer=optimizer, scheduler=scheduler,
+                                    ckpt_args=ckpt_args, use_dist_opt=model.ddp_config.use_distributed_optimizer,
+                                    saves=saves, background=not ends, noticed=noticed)
         if noticed:
             say(f"exiting after iteration {done}: {args.exit_signal} received (--exit-signal-handler)")
             break
@@ -408,6 +410,38 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
     scalars.close()
     return {"losses": losses, "step_times": step_times, "checkpoint": str(saved) if saved else None,
             "noticed": noticed}
+
+
+def save_checkpoint(args: argparse.Namespace, done: int, *, module, optimizer, scheduler, ckpt_args, use_dist_opt: bool,
+                    saves: checkpointing.AsyncSaves | None, background: bool, noticed: bool) -> Path:
+    """Save iteration `done`: in the background (`saves`) if `background`, else synchronously; a save still in
+    flight is finished first (one at a time, as Megatron-LM's)."""
+    if saves is not None:
+        report_finished(saves, blocking=True)
+    save = Path(args.save).resolve()
+    t0 = time.perf_counter()
+    # Megatron-LM's words: the hang watchdog allows a save its upper bound, not the run's pace
+    say(f"saving checkpoint at iteration {done:7d} to {save} in torch_dist format")
+    saved = checkpointing.save(save, done, module, optimizer, scheduler, ckpt_args, use_dist_opt, keep=args.keep,
+                               saves=saves if background else None)
+    blocked = time.perf_counter() - t0
+    if background:  # "saved checkpoint iteration" ends the busy spell (observe/goodput.py, observe/hang.py)
+        say(f"saved checkpoint iteration {done} to host memory in {blocked:.2f}s; writing {saved} in the background "
+            "(async save)")
+    elif noticed:  # runtime.notice.SAVED_ON_NOTICE
+        say(f"saved checkpoint iteration {done} on notice ({args.exit_signal}) to {saved} in {blocked:.2f}s")
+    else:
+        say(f"saved checkpoint iteration {done} to {saved} in {blocked:.2f}s")
+    if args.check_save and not background:
+        check_saved(saved, module, optimizer, use_dist_opt)
+    return saved
+
+
+def report_finished(saves: checkpointing.AsyncSaves, blocking: bool) -> None:
+    """Finalize the async saves whose writers have ended on every rank (every rank calls it at the same point)."""
+    for iteration, seconds in saves.finish(blocking):
+        say(f"checkpoint iteration {iteration} complete: written in the background in {seconds:.2f}s; the newest to "
+            "resume from")
 
 
 def tensorboard_dir(args: argparse.Namespace) -> Path:

@@ -92,6 +92,9 @@ class MegatronTrainerSpec(Spec):
                                          "(default: the HF config's router_aux_loss_coef)")
     seed: NonNegativeInt = 1234
     keep_checkpoints: NonNegativeInt = Field(0, description="checkpoints kept, the newest (0: all)")
+    async_save: bool = Field(True, description="interval saves block training only for the copy of the state and are "
+                             "written in the background (Megatron-LM's --async-save); the last save and a save on "
+                             "notice are synchronous (check_save checks those)")
     check_save: bool = Field(False, description="load every checkpoint back through megatron-core after saving it "
                              "and compare every model and optimizer tensor with what was saved")
     threads: PositiveInt | None = Field(None, description="CPU threads per rank (default: CPUs / local ranks)")

@@ -87,6 +87,8 @@ class MegatronTrain(Trainer):
                 "--precision", m.precision, "--exit-signal-handler", "--exit-signal", NOTICE_SIGNAL.name]
         if m.check_save:
             args.append("--check-save")
+        if m.async_save:
+            args.append("--async-save")
         if par.sp and par.tp > 1:
             args.append("--sequence-parallel")
         if m.aux_loss_coeff is not None:
