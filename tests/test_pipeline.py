@@ -145,15 +145,24 @@ def test_the_megatron_trainer_trains_qwen3_next_tiny_and_resumes_past_a_killed_r
     assert "attempt 1/1: relaunching on the same gang; the trainer resumes from checkpoint iteration" in out, restart
     _, writing = rehearsal.killed
     partial = int(writing.removeprefix(".iter_").removesuffix(".tmp"))
-    resumed = train["start_iteration"]
-    assert resumed == partial - 10 and f"a4ray.mcore: resuming from checkpoint iteration {resumed}" in out
+    resumed, persisted = train["start_iteration"], partial - 10
     assert (f"a4ray.mcore: not loading checkpoint iteration {partial}: {writing}: its save did not finish (a rank "
-            f"died while writing it); the newest complete one is iteration {resumed}") in out, rehearsal.killed
+            f"died while writing it); the newest complete one is iteration {persisted}") in out, rehearsal.killed
+    # The newest checkpoint is the local one (every 5), on each node's own RAM disk: 5 iterations redone, not 10.
+    assert resumed == partial - 5 and (f"a4ray.mcore: resuming from local checkpoint iteration {resumed} (newer than "
+                                       f"the persistent checkpoint iteration {persisted})") in out
+    assert (f"a4ray.mcore: local checkpoint iteration {resumed}: every rank's part from its own node's storage"
+            in out)
     assert train["iterations"] == 30 and train["world_size"] == 2 and train["backend"] == "gloo"
     lines = [m.groups() for log in sorted((rehearsal.run_dir / "logs" / "train").glob("rank-*.log"))
              for m in map(_ITERATION.search, log.read_text().splitlines()) if m]
     losses = {int(i): float(loss) for i, _, loss in lines}  # both attempts: 1..killed, then resumed + 1..30
     assert set(losses) == set(range(1, 31)) and losses[30] < losses[1] - 1.0, losses
+    printed: dict[int, set[str]] = {}
+    for i, _, loss in lines:
+        printed.setdefault(int(i), set()).add(loss)
+    redone = range(resumed + 1, partial + 1)
+    assert all(len(printed[i]) == 1 for i in redone), printed  # the redone iterations' losses, digit for digit
     history = PipelineResult.model_validate(rehearsal.result).progress()  # the run's metrics, from its iteration lines
     assert [p.iteration for p in history] == list(range(1, 31)) and history[-1].loss == losses[30]
     assert "progress: iteration 30/30" in out and "tokens/s" in out
@@ -217,6 +226,62 @@ def test_the_rehearsal_again_on_another_cluster_is_cached_and_a_skip_names_missi
         f"(convert.output/latest) ({latest}/latest_checkpointed_iteration.txt)\n  hint: run the convert step "
         f"(drop --skip convert)")
     assert "FAILED at convert: step convert is skipped" in capsys.readouterr().out
+
+
+def _local_parts(node_dir: Path, iteration: int) -> list[Path]:
+    """The local checkpoint files of `iteration` a simulated node holds (its ranks' parts and the replicas)."""
+    return list(node_dir.glob(f"shm/a4ray-local-checkpoints/*/iter_{iteration:07d}_*_local.pt"))
+
+
+def test_a_spare_in_a_lost_nodes_place_resumes_from_its_replica_of_the_local_checkpoint(rehearsal, extra_nodes,
+                                                                                       monkeypatch, capfd):
+    """The rehearsal's training again (its stage and convert are cached), on 2 nodes and a spare: node 0 is lost
+    between local checkpoint 15 and persistent checkpoint 20, taking its RAM disk along. The spare takes its place,
+    and its rank loads node 0's part of local checkpoint 15 from the replica node 1 holds: nothing older than the
+    local interval is redone, and the redone iterations' losses are the first attempt's, digit for digit. The run
+    removes its local checkpoints when it ends with a persistent one."""
+    cluster = extra_nodes(nodes=3, gpus=1)
+    node_dirs = {i: Path(cluster.session._node_dir(cluster._index[i])) for i in cluster.workers}
+    monkeypatch.chdir(rehearsal.workspace)
+    lost: list[int] = []
+
+    def lose_node_0_after_local_15():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            held = {i: len(_local_parts(d, 15)) for i, d in node_dirs.items()}
+            if sorted(held.values()) == [0, 2, 2]:  # both ranks' parts, each on both gang nodes
+                victim = min(i for i, n in held.items() if n)  # the first gang node in topology order: node 0
+                cluster.remove_node(victim)
+                lost.append(victim)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=lose_node_0_after_local_15, daemon=True)
+    killer.start()
+    sets = ["train.output=logs/lost-node", "cluster.spare_nodes=1", "restart.max_restarts=1", "restart.backoff_s=1",
+            *cluster.sets]
+    code = pipeline_main("qwen3_next", ["--config", PROFILE, "--skip", "preflight", *[a for s in sets
+                                                                                     for a in ("--set", s)],
+                                        "--result", "lost.json"])
+    killer.join(timeout=5)
+    out = capfd.readouterr().out
+    assert code == 0 and lost, out[-6000:]
+    assert re.search(r"spare node 2 \(.*\) takes the place of node 0 \(sim-host-\d+\), which was lost", out), out
+    # The spare is launch node 1 now (nodes go in topology order): its rank's part comes from the other node.
+    assert ("a4ray.mcore: local checkpoint iteration 15: rank 1's part from the replica on rank(s) 0 (their own "
+            "storage has none); the others' from their own") in out
+    assert "a4ray.mcore: resuming from local checkpoint iteration 15 (newer than the persistent checkpoint " \
+           "iteration 10)" in out
+    train = json.loads((rehearsal.workspace / "lost.json").read_text())["steps"][3]["result"]
+    assert train["start_iteration"] == 15 and train["iterations"] == 30
+    run_dir = Path(json.loads((rehearsal.workspace / "lost.json").read_text())["run_dir"])
+    losses: dict[int, set[str]] = {}
+    for log in run_dir.glob("logs/train/rank-*.log"):
+        for m in filter(None, map(_ITERATION.search, log.read_text().splitlines())):
+            losses.setdefault(int(m.group(1)), set()).add(m.group(3))
+    redone = [i for i in range(16, 21) if i in losses]
+    assert redone and all(len(losses[i]) == 1 for i in losses), losses  # redone: the same loss, to every digit
+    assert not [d for d in node_dirs.values() if list(d.glob("shm/a4ray-local-checkpoints/*"))]
 
 
 def _stream_says_each_thing_once(out: str, run_dir: Path) -> None:

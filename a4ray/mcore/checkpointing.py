@@ -229,20 +229,21 @@ class AsyncSaves:
 
         self.calls = AsyncCallsQueue(persistent=False)
         filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
-        self.in_flight: dict[int, tuple[int, float]] = {}  # call -> (iteration, when its writers started)
+        self.in_flight: dict[int, tuple[int, float, str]] = {}  # call -> (iteration, its writers' start, kind)
 
-    def start(self, request, iteration: int) -> None:
-        self.in_flight[self.calls.schedule_async_request(request)] = (iteration, time.perf_counter())
+    def start(self, request, iteration: int, kind: str = "persistent") -> None:
+        self.in_flight[self.calls.schedule_async_request(request)] = (iteration, time.perf_counter(), kind)
 
-    def finish(self, blocking: bool) -> list[tuple[int, float]]:
+    def finish(self, blocking: bool) -> list[tuple[int, float, str]]:
         """Finalize the saves whose writers have ended on every rank (all of them, waiting, if `blocking`); every
-        rank calls it at the same point. Returns (iteration, seconds from its writers' start) of each finalized."""
+        rank calls it at the same point. Returns (iteration, seconds from its writers' start, kind: persistent or
+        local) of each finalized."""
         if not self.in_flight:
             return []
         done = []
         for call in self.calls.maybe_finalize_async_calls(blocking=blocking):
-            iteration, started = self.in_flight.pop(call)
-            done.append((iteration, time.perf_counter() - started))
+            iteration, started, kind = self.in_flight.pop(call)
+            done.append((iteration, time.perf_counter() - started, kind))
         return done
 
 
@@ -364,7 +365,12 @@ def load_resume(directory: Path, model, optimizer, scheduler, use_distributed_op
     sd = state_dict(model, optimizer, scheduler, args=None, iteration=None,
                     use_distributed_optimizer=use_distributed_optimizer, is_loading=True)
     sd.pop("args")
-    loaded = dist_checkpointing.load(sd, str(directory))
+    return apply_loaded(dist_checkpointing.load(sd, str(directory)), model, optimizer, scheduler)
+
+
+def apply_loaded(loaded: dict, model, optimizer, scheduler) -> dict:
+    """Put a loaded state (a persistent checkpoint's, or a local one's) into the model, optimizer, scheduler and
+    RNG; returns it."""
     model.load_state_dict(loaded["model"])
     with torch.no_grad():  # fp32 + distributed optimizer: its main params are views of the model's params
         optimizer.load_state_dict(loaded["optimizer"])

@@ -46,11 +46,13 @@ import torch.distributed as dist
 from a4ray.mcore import checkpointing, dataset, shims
 from a4ray.mcore.architecture import Architecture
 from a4ray.mcore.hybrid import delta_rule_path
+from a4ray.mcore.local_checkpoints import LocalCheckpoints
 from a4ray.mcore.model import Parallel, default_naming, gpt_model, wrap_float16
 from a4ray.mcore.scalars import Scalars
 from a4ray.programs.compute_time import ComputeTimer
 from a4ray.programs.distributed import exit_distributed, init_distributed
 from a4ray.programs.record import report_loop
+from a4ray.runtime.node_local import local_checkpoints_root
 
 PREFIX = "a4ray.mcore:"
 
@@ -97,6 +99,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="interval saves block training only for the copy of the state; the write goes on in the "
                         "background and the checkpoint counts (the tracker names it) once every rank's part is written "
                         "(Megatron-LM's --async-save; --check-save checks the synchronous ones: the last, on notice)")
+    p.add_argument("--non-persistent-save-interval", type=int, default=0,
+                   help="save a local checkpoint every N iterations (0: none): each rank's part in node-local storage, "
+                        "replicated on other nodes with --replication (Megatron-LM's names; a4ray.mcore.local_checkpoints)")
+    p.add_argument("--non-persistent-ckpt-type", choices=("local",), default="local")
+    p.add_argument("--non-persistent-local-ckpt-dir", help="node-local storage (default: the node's RAM disk, /dev/shm/a4ray-local-checkpoints)")
+    p.add_argument("--replication", action="store_true", help="replicate each rank's local checkpoint on other ranks")
+    p.add_argument("--replication-jump", type=int, default=0,
+                   help="ranks between a part's holders (default: the ranks per node: each replica on another node)")
+    p.add_argument("--replication-factor", type=int, default=2, help="holders of each part, its own rank included")
     p.add_argument("--log-interval", type=int, default=1)
     p.add_argument("--tensorboard-dir", help="TensorBoard scalars (default: <save>/../tensorboard)")
     p.add_argument("--exit-interval", type=int, default=0,
@@ -199,21 +210,37 @@ def build(args: argparse.Namespace, arch, parallel: Parallel, naming: str, use_d
 
 
 def load_weights(args: argparse.Namespace, arch, naming: str, module, optimizer, scheduler,
-                 use_dist_opt: bool) -> tuple[int, str]:
-    """Resume from --save, else start from --load; returns (iteration done, where from)."""
+                 use_dist_opt: bool, local: LocalCheckpoints | None) -> tuple[int, str]:
+    """Resume from the newest of --save's and the local checkpoints, else start from --load; returns (iteration
+    done, where from)."""
     save = Path(args.save).resolve()
     resume = checkpointing.newest_complete(save)
     for skipped, why in checkpointing.incomplete_after(save, resume):
         say(f"not loading checkpoint iteration {skipped}: {why}; "
             + (f"the newest complete one is iteration {resume}" if resume is not None else "no complete one"))
+    newest_local = local.newest() if local is not None else None
+    if newest_local is not None and (resume is None or newest_local > resume):
+        say(f"busy: loading local checkpoint iteration {newest_local}")
+        template = checkpointing.state_dict(module, optimizer, scheduler, args=None, iteration=None,
+                                            use_distributed_optimizer=use_dist_opt, is_loading=True)
+        say(f"local checkpoint iteration {newest_local}: {local.sources()}")
+        loaded = checkpointing.apply_loaded(local.load(template), module, optimizer, scheduler)
+        say("done: loading the checkpoint")
+        iteration = int(loaded["iteration"])
+        newer = f"newer than the persistent checkpoint iteration {resume}" if resume is not None else \
+            "no persistent checkpoint yet"
+        say(f"resuming from local checkpoint iteration {iteration} ({newer}) in {local.describe()}: model, "
+            f"optimizer, scheduler, RNG (learning rate {scheduler.get_lr(optimizer.param_groups[0]):.6E})")
+        return iteration, f"local checkpoint iteration {iteration}"
     if resume is not None:
         directory = checkpointing.iteration_dir(save, resume)
         say(f"busy: loading checkpoint iteration {resume}")  # the hang watchdog's pace and quiet windows wait
         loaded = checkpointing.load_resume(directory, module, optimizer, scheduler, use_dist_opt)
         say("done: loading the checkpoint")
         iteration = int(loaded["iteration"])
+        older = "" if newest_local is None else f"; the newest local one, iteration {newest_local}, is not newer"
         say(f"resuming from checkpoint iteration {iteration} in {save}: model, optimizer, scheduler, RNG "
-            f"(learning rate {scheduler.get_lr(optimizer.param_groups[0]):.6E})")
+            f"(learning rate {scheduler.get_lr(optimizer.param_groups[0]):.6E}){older}")
         return iteration, str(directory)
     if args.load:
         directory = checkpointing.converted_dir(Path(args.load))
@@ -341,7 +368,7 @@ class Notice:
 
 
 def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batches: dataset.Batches, start: int,
-          ckpt_args) -> dict:
+          ckpt_args, local: LocalCheckpoints | None) -> dict:
     """Iterations start+1 .. train_iters; returns what the result record reports."""
     config = module.config
     G, S = args.global_batch_size, args.seq_length
@@ -401,6 +428,10 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
             saved = save_checkpoint(args, done, module=module, optimizer=optimizer, scheduler=scheduler,
                                     ckpt_args=ckpt_args, use_dist_opt=model.ddp_config.use_distributed_optimizer,
                                     saves=saves, background=not ends, noticed=noticed)
+        elif local is not None and done % args.non_persistent_save_interval == 0:
+            ckpt_args.iteration, ckpt_args.consumed_train_samples = done, done * G
+            save_local(done, local, module=module, optimizer=optimizer, scheduler=scheduler, ckpt_args=ckpt_args,
+                       use_dist_opt=model.ddp_config.use_distributed_optimizer, saves=saves)
         if noticed:
             say(f"exiting after iteration {done}: {args.exit_signal} received (--exit-signal-handler)")
             break
@@ -437,11 +468,26 @@ def save_checkpoint(args: argparse.Namespace, done: int, *, module, optimizer, s
     return saved
 
 
+def save_local(done: int, local: LocalCheckpoints, *, module, optimizer, scheduler, ckpt_args, use_dist_opt: bool,
+               saves: checkpointing.AsyncSaves | None) -> None:
+    """A local checkpoint of iteration `done` (every rank at once), after any save in flight."""
+    if saves is not None:
+        report_finished(saves, blocking=True)
+    t0 = time.perf_counter()
+    say(f"busy: saving local checkpoint iteration {done}")
+    state = checkpointing.state_dict(module, optimizer, scheduler, args=ckpt_args, iteration=done,
+                                     use_distributed_optimizer=use_dist_opt)
+    local.save(done, state, saves)
+    blocked = time.perf_counter() - t0
+    say(f"done: saving local checkpoint iteration {done}: training blocked {blocked:.2f}s"
+        + ("; written in the background" if saves is not None else ""))
+
+
 def report_finished(saves: checkpointing.AsyncSaves, blocking: bool) -> None:
     """Finalize the async saves whose writers have ended on every rank (every rank calls it at the same point)."""
-    for iteration, seconds in saves.finish(blocking):
-        say(f"checkpoint iteration {iteration} complete: written in the background in {seconds:.2f}s; the newest to "
-            "resume from")
+    for iteration, seconds, kind in saves.finish(blocking):
+        say(f"{'local ' if kind == 'local' else ''}checkpoint iteration {iteration} complete: written in the "
+            f"background in {seconds:.2f}s; the newest to resume from")
 
 
 def tensorboard_dir(args: argparse.Namespace) -> Path:
@@ -530,8 +576,14 @@ def main(argv: list[str] | None = None) -> int:
     say(f"distributed optimizer: {'on' if use_dist_opt else 'off (plain optimizer)'} ({why})")
 
     module, model, optimizer, scheduler = build(args, arch, parallel, naming, use_dist_opt)
+    local = None
+    if args.non_persistent_save_interval > 0:
+        jump = args.replication_jump or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        local = LocalCheckpoints(local_checkpoints_root(args.non_persistent_local_ckpt_dir), save, jump,
+                                 args.replication_factor if args.replication else 1)
+        say(f"local checkpoints every {args.non_persistent_save_interval} iteration(s): {local.describe()}")
     try:
-        start, source = load_weights(args, arch, naming, module, optimizer, scheduler, use_dist_opt)
+        start, source = load_weights(args, arch, naming, module, optimizer, scheduler, use_dist_opt, local)
     except checkpointing.CheckpointMismatch as error:
         say(f"error: {error}")
         exit_distributed(2)
@@ -562,7 +614,9 @@ def main(argv: list[str] | None = None) -> int:
         data_path=args.data_path, seed=args.seed)
 
     result = train(args, module=module, model=model, optimizer=optimizer, scheduler=scheduler, batches=batches,
-                   start=start, ckpt_args=ckpt_args)
+                   start=start, ckpt_args=ckpt_args, local=local)
+    if local is not None and not result["noticed"] and result["checkpoint"]:  # the run ended with a persistent one
+        local.remove()
 
     if result["noticed"]:  # stopped on notice: the run is not over, and its record is the rerun's
         exit_distributed(0)

@@ -35,6 +35,7 @@ from a4ray.core.console import say, warn
 from a4ray.core.errors import SpecError
 from a4ray.observe.prometheus import LocalPrometheus
 from a4ray.runtime import auth
+from a4ray.runtime.node_local import NODE_LOCAL_ENV
 from a4ray.runtime.rayenv import HEAD_ENV
 from a4ray.runtime.reaper import sweep_flight_recorder_pipes
 from a4ray.spec.cluster import TopologySpec
@@ -476,15 +477,23 @@ class SimulatedCluster:
           may have no other interface);
         - every node's daemon would write the same hwloc topology file (hwloc.sm) at once, which now
           and then crashes one: the daemons do not share their topology through a file.
+        - each node gets a RAM disk of its own for its local checkpoints (NODE_LOCAL_ENV, under its TMPDIR), which
+          `remove_node` takes along, as a lost machine takes its /dev/shm.
         mpirun forwards OMPI_MCA_* to every daemon, so those settings are the same on every node."""
         assert self._tmp_root is not None
-        tmp = os.path.join(self._tmp_root, f"n{index}")  # short: OpenMPI puts unix sockets under it
+        tmp = self._node_dir(index)  # short: OpenMPI puts unix sockets under it
         os.makedirs(tmp, exist_ok=True)
-        return {"TMPDIR": tmp, "OMPI_MCA_btl": "^vader", "OMPI_MCA_btl_tcp_if_include": "lo",
+        return {"TMPDIR": tmp, NODE_LOCAL_ENV: os.path.join(tmp, "shm"), "OMPI_MCA_btl": "^vader", "OMPI_MCA_btl_tcp_if_include": "lo",
                 "OMPI_MCA_oob_tcp_if_include": "lo", "OMPI_MCA_rtc_hwloc_vmhole": "none"}
 
+    def _node_dir(self, index: int) -> str:
+        """Simulated node `index`'s own /tmp (TMPDIR) and, under it, its own RAM disk (runtime/node_local.py)."""
+        assert self._tmp_root is not None
+        return os.path.join(self._tmp_root, f"n{index}")
+
     def remove_node(self, index: int) -> None:
-        """Kill simulated node `index` abruptly, as a lost A4 node would be."""
+        """Kill simulated node `index` abruptly, as a lost A4 node would be: its processes, and its /tmp and RAM disk
+        (its local checkpoints) with it."""
         import psutil
 
         assert self.cluster is not None
@@ -503,6 +512,7 @@ class SimulatedCluster:
             except psutil.Error:
                 pass
         self.cluster.remove_node(node, allow_graceful=False)
+        shutil.rmtree(self._node_dir(index), ignore_errors=True)
 
     def describe(self) -> str:
         gpus = "real GPU slices" if self._gpu_slices else "logical GPUs"

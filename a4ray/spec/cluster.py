@@ -134,6 +134,9 @@ class StorageSpec(Spec):
     local_workspace: PathStr = Field(
         ".a4ray", description="workspace used instead on the embedded local cluster (relative to cwd)"
     )
+    local_checkpoints: PathStr = Field(
+        "", description="node-local storage for local checkpoints (train.local_save_interval), on every node: '' is "
+        "each node's RAM disk, /dev/shm/a4ray-local-checkpoints (a simulated node's own directory)")
     compile_cache: PathStr = Field(
         "cache/compile", description="where torch.compile (inductor) and Triton keep their on-disk caches, relative "
         "to the workspace (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, where the image or the user sets neither): "

@@ -124,6 +124,13 @@ class TrainSpec(Spec):
                                     "passes iterations x global batch x seq_len)")
     warmup_iterations: NonNegativeInt = 10
     save_interval: PositiveInt = 1000
+    local_save_interval: NonNegativeInt = Field(
+        0, description="megatron trainer: iterations between local checkpoints (0: none): each rank's part in its "
+        "node's RAM disk (storage.local_checkpoints), replicated on local_replicas nodes; a restart resumes from the "
+        "newest of these and the persistent ones")
+    local_replicas: PositiveInt = Field(
+        2, description="nodes holding each rank's local checkpoint, its own included (1: not replicated); the node "
+        "count must be a multiple of it, else the plan says the local checkpoints are not replicated")
     log_interval: PositiveInt = Field(1, description="torch trainer: iterations between log lines")
     output: PathStr = Field("", description="where logs, TensorBoard and checkpoints go (Pai's OUTPUT_BASEPATH); "
                         "default: logs/output_<trainer>_<job kind>_<mode>")

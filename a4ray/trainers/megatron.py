@@ -97,9 +97,30 @@ class MegatronTrain(Trainer):
             args += ["--threads", str(m.threads)]
         return args
 
+    def local_checkpoint_args(self, nnodes: int, gpus: int) -> list[str]:
+        """Megatron-LM's local checkpoint flags for a launch of `nnodes` x `gpus` (none when they are off)."""
+        t = self.spec.train
+        if not t.local_save_interval:
+            return []
+        args = ["--non-persistent-save-interval", str(t.local_save_interval), "--non-persistent-ckpt-type", "local"]
+        if self.spec.storage.local_checkpoints:
+            args += ["--non-persistent-local-ckpt-dir", self.spec.storage.local_checkpoints]
+        if self.local_replication(nnodes) is None:
+            args += ["--replication", "--replication-jump", str(gpus), "--replication-factor", str(t.local_replicas)]
+        return args
+
+    def local_replication(self, nnodes: int) -> str | None:
+        """Why the local checkpoints are not replicated on `nnodes` nodes, or None where they are."""
+        replicas = self.spec.train.local_replicas
+        if replicas == 1:
+            return "train.local_replicas is 1"
+        if nnodes < replicas or nnodes % replicas:
+            return f"{nnodes} node(s) is not a multiple of train.local_replicas={replicas}"
+        return None
+
     def launch(self, node: NodeContext) -> Launch:
-        return Launch(argv=torchrun(node, ["-m", "a4ray.mcore", *self.trainer_args()]), nproc=node.gpus,
-                      saves_on_notice=True)
+        argv = ["-m", "a4ray.mcore", *self.trainer_args(), *self.local_checkpoint_args(node.nnodes, node.gpus)]
+        return Launch(argv=torchrun(node, argv), nproc=node.gpus, saves_on_notice=True)
 
     def straggler_check(self) -> str:
         return ("on: every rank's own compute per step (forward and backward before the gradient reduction, less "
@@ -109,8 +130,17 @@ class MegatronTrain(Trainer):
         m = self.spec.train.megatron
         layers = {"auto": "Transformer Engine's where it imports on the nodes (A4 images), else megatron-core's "
                           "local layers", "te": "Transformer Engine's", "local": "megatron-core's local layers"}
+        t, nodes = self.spec.train, self.spec.cluster.nodes
+        where = self.spec.storage.local_checkpoints or "each node's RAM disk (/dev/shm)"
+        unreplicated = self.local_replication(nodes)
+        local = (f"local checkpoints: every {t.local_save_interval} iteration(s) in {where}, "
+                 + (f"not replicated ({unreplicated})" if unreplicated else
+                    f"each rank's part held on {t.local_replicas} nodes")) if t.local_save_interval else \
+            "local checkpoints: off (train.local_save_interval)"
         return [f"model: {self.shape()}",
-                f"layers: {layers[m.layers]}; loads {self.checkpoint}; checkpoints: {self.checkpoints}"]
+                f"layers: {layers[m.layers]}; loads {self.checkpoint}; checkpoints: {self.checkpoints}",
+                f"checkpoints every {t.save_interval} iteration(s), "
+                + ("written in the background (async)" if m.async_save else "synchronous") + f"; {local}"]
 
     def shape(self) -> str:
         """The model every rank builds, and where that is read from (`model_config`)."""
@@ -128,6 +158,11 @@ class MegatronTrain(Trainer):
 
     def resume_note(self) -> str:
         done = newest_complete(Path(self.checkpoints))  # where the driver sees the workspace; else the ranks find it
+        local = self.spec.train.local_save_interval
+        if local:  # on the nodes only: the ranks find them and say which they load
+            return (f"the trainer resumes from checkpoint iteration {done} or a newer local one (every {local})" if done
+                    else f"the trainer resumes from its newest local or persistent checkpoint ({self.checkpoints}), "
+                    "if any")
         return (f"the trainer resumes from checkpoint iteration {done}" if done else
                 f"the trainer resumes from its newest checkpoint in {self.checkpoints}, if any")
 
