@@ -14,6 +14,7 @@ but the preflight is cached; and `--skip` of a step whose outputs are missing fa
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -356,13 +357,23 @@ def test_local_nodes_4_cancelled_then_resumed_and_3_planned(tmp_path, monkeypatc
     assert f"exiting after iteration {saved}: SIGUSR1 received" in rank_logs
     _no_flight_recorder_pipes_left(record.parent)
 
-    again = run_to_end([*cmd, "--result", "r4.json"], cwd=tmp_path, env=isolated_env(tmp_path), timeout=420)
+    # The rerun sets its interval from the model (save_interval=auto): a first save measures what one blocks.
+    again = run_to_end([*cmd, "--set", "train.save_interval=auto", "--result", "r4.json"], cwd=tmp_path,
+                       env=isolated_env(tmp_path), timeout=420)
     assert again.returncode == 0, again.stdout[-5000:] + again.stderr[-2000:]
     result = json.loads((tmp_path / "r4.json").read_text())
     assert [s["status"] for s in result["steps"]] == ["cached", "cached", "skipped", "ran"]
     train = result["steps"][3]["result"]
     assert train["world_size"] == 4 and train["iterations"] == 12 and train["start_iteration"] == saved
     assert f"resuming from checkpoint iteration {saved} " in again.stdout
+    chosen = re.search(r"a4ray.mcore: checkpoint interval auto: every (\d+) iteration\(s\) = dt\* (\d+)s = sqrt\(2 w / "
+                       r"\(N r_f\)\) with w ([0-9.]+)s blocked by this save, N 4 node\(s\), r_f 6.5 failures per 1000 "
+                       r"node-days \(Meta's published RSC-1 rate\); a step takes ([0-9.]+)s", again.stdout)
+    assert chosen, again.stdout[-5000:]
+    every, best, blocked, step = int(chosen[1]), int(chosen[2]), float(chosen[3]), float(chosen[4])
+    assert best == pytest.approx(math.sqrt(2 * blocked / (4 * 6.5e-3 / 86400)), abs=max(1.0, best * 0.02))
+    assert every == max(1, round(best / step)) or abs(every - best / step) <= 0.01 * every
+    assert f"saving checkpoint at iteration {saved + 1:7d}" in again.stdout  # the measuring save
 
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()

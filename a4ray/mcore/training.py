@@ -51,6 +51,7 @@ from a4ray.mcore.model import Parallel, default_naming, gpt_model, wrap_float16
 from a4ray.mcore.scalars import Scalars
 from a4ray.programs.compute_time import ComputeTimer
 from a4ray.programs.distributed import exit_distributed, init_distributed
+from a4ray.observe.checkpoint_policy import PUBLISHED_RATE, Interval, resume_from
 from a4ray.programs.record import report_loop
 from a4ray.runtime.node_local import local_checkpoints_root
 
@@ -93,13 +94,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="auto: on where the backend has reduce-scatter / all-gather-into-tensor")
     p.add_argument("--naming", choices=("auto", "local", "te"), default="auto",
                    help="layer spec (and so checkpoint naming): te where Transformer Engine imports")
-    p.add_argument("--save-interval", type=int, default=100)
+    p.add_argument("--save-interval", type=interval, default=100,
+                   help="iterations between checkpoints, or auto: the interval Meta's ETTR model finds best for the "
+                        "save's measured blocking time, the nodes and their failure rate (observe/checkpoint_policy.py)")
     p.add_argument("--keep", type=int, default=0, help="keep only the newest N checkpoints (0: all)")
     p.add_argument("--async-save", action="store_true",
                    help="interval saves block training only for the copy of the state; the write goes on in the "
                         "background and the checkpoint counts (the tracker names it) once every rank's part is written "
                         "(Megatron-LM's --async-save; --check-save checks the synchronous ones: the last, on notice)")
-    p.add_argument("--non-persistent-save-interval", type=int, default=0,
+    p.add_argument("--non-persistent-save-interval", type=interval, default=0,
                    help="save a local checkpoint every N iterations (0: none): each rank's part in node-local storage, "
                         "replicated on other nodes with --replication (Megatron-LM's names; a4ray.mcore.local_checkpoints)")
     p.add_argument("--non-persistent-ckpt-type", choices=("local",), default="local")
@@ -108,6 +111,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replication-jump", type=int, default=0,
                    help="ranks between a part's holders (default: the ranks per node: each replica on another node)")
     p.add_argument("--replication-factor", type=int, default=2, help="holders of each part, its own rank included")
+    p.add_argument("--failures-per-1000-node-days", type=float, default=PUBLISHED_RATE,
+                   help="each node's failure rate, for auto intervals (default: Meta's published RSC-1 rate)")
+    p.add_argument("--failure-rate-source", default="Meta's published RSC-1 rate",
+                   help="where --failures-per-1000-node-days comes from, as the run says it")
     p.add_argument("--log-interval", type=int, default=1)
     p.add_argument("--tensorboard-dir", help="TensorBoard scalars (default: <save>/../tensorboard)")
     p.add_argument("--exit-interval", type=int, default=0,
@@ -126,6 +133,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check-save", action="store_true",
                    help="after each save, load it back through megatron-core and compare with what was saved")
     return p.parse_args(argv)
+
+
+def interval(text: str) -> int | None:
+    """An interval argument: a number of iterations >= 0, or auto (None)."""
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of iterations or auto") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of iterations >= 0 or auto")
+    return value
 
 
 def say(message: str, *, rank0: bool = True) -> None:
@@ -219,7 +239,7 @@ def load_weights(args: argparse.Namespace, arch, naming: str, module, optimizer,
         say(f"not loading checkpoint iteration {skipped}: {why}; "
             + (f"the newest complete one is iteration {resume}" if resume is not None else "no complete one"))
     newest_local = local.newest() if local is not None else None
-    if newest_local is not None and (resume is None or newest_local > resume):
+    if resume_from(resume, newest_local)[0] == "local":
         say(f"busy: loading local checkpoint iteration {newest_local}")
         template = checkpointing.state_dict(module, optimizer, scheduler, args=None, iteration=None,
                                             use_distributed_optimizer=use_dist_opt, is_loading=True)
@@ -382,6 +402,12 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
     config.finalize_model_grads_func = compute.before(config.finalize_model_grads_func)
     scalars = Scalars.for_this_rank(tensorboard_dir(args), last_rank=is_last_rank())
     notice = Notice(args.exit_signal, next(module.parameters()).device) if args.exit_signal_handler else None
+    nodes = dist.get_world_size() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    rate = dict(nodes=nodes, failures_per_1000_node_days=args.failures_per_1000_node_days,
+                rate_source=args.failure_rate_source, start=start)
+    persistent = Interval("checkpoint", args.save_interval, **rate)
+    local_interval = Interval("local checkpoint", args.non_persistent_save_interval or None, **rate) \
+        if local is not None else None
     saves = checkpointing.AsyncSaves() if args.async_save else None
     noticed = False
     for iteration in range(start, args.train_iters):
@@ -421,17 +447,24 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
         noticed = notice is not None and notice.agreed() and done < args.train_iters
         if saves is not None:
             report_finished(saves, blocking=False)
-        if done % args.save_interval == 0 or done == args.train_iters or stop or noticed:
+        pace = sorted(step_times[-20:])[len(step_times[-20:]) // 2]  # the median step of late
+        if persistent.due(done) or done == args.train_iters or stop or noticed:
             ckpt_args.iteration, ckpt_args.consumed_train_samples = done, done * G
             # the run goes on after an interval's save only: the others are synchronous
             ends = done == args.train_iters or stop or noticed
-            saved = save_checkpoint(args, done, module=module, optimizer=optimizer, scheduler=scheduler,
-                                    ckpt_args=ckpt_args, use_dist_opt=model.ddp_config.use_distributed_optimizer,
-                                    saves=saves, background=not ends, noticed=noticed)
-        elif local is not None and done % args.non_persistent_save_interval == 0:
+            saved, blocked = save_checkpoint(
+                args, done, module=module, optimizer=optimizer, scheduler=scheduler, ckpt_args=ckpt_args,
+                use_dist_opt=model.ddp_config.use_distributed_optimizer, saves=saves, background=not ends,
+                noticed=noticed)
+            if (chosen := persistent.saved(done, blocked, pace)) and not ends:
+                say(chosen)
+        elif local_interval is not None and local_interval.due(done):
             ckpt_args.iteration, ckpt_args.consumed_train_samples = done, done * G
-            save_local(done, local, module=module, optimizer=optimizer, scheduler=scheduler, ckpt_args=ckpt_args,
-                       use_dist_opt=model.ddp_config.use_distributed_optimizer, saves=saves)
+            blocked = save_local(done, local, module=module, optimizer=optimizer, scheduler=scheduler,
+                                 ckpt_args=ckpt_args, use_dist_opt=model.ddp_config.use_distributed_optimizer,
+                                 saves=saves)
+            if chosen := local_interval.saved(done, blocked, pace):
+                say(chosen)
         if noticed:
             say(f"exiting after iteration {done}: {args.exit_signal} received (--exit-signal-handler)")
             break
@@ -444,9 +477,10 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
 
 
 def save_checkpoint(args: argparse.Namespace, done: int, *, module, optimizer, scheduler, ckpt_args, use_dist_opt: bool,
-                    saves: checkpointing.AsyncSaves | None, background: bool, noticed: bool) -> Path:
+                    saves: checkpointing.AsyncSaves | None, background: bool, noticed: bool) -> tuple[Path, float]:
     """Save iteration `done`: in the background (`saves`) if `background`, else synchronously; a save still in
-    flight is finished first (one at a time, as Megatron-LM's)."""
+    flight is finished first (one at a time, as Megatron-LM's). Returns the directory and how long training was
+    blocked."""
     if saves is not None:
         report_finished(saves, blocking=True)
     save = Path(args.save).resolve()
@@ -465,12 +499,13 @@ def save_checkpoint(args: argparse.Namespace, done: int, *, module, optimizer, s
         say(f"saved checkpoint iteration {done} to {saved} in {blocked:.2f}s")
     if args.check_save and not background:
         check_saved(saved, module, optimizer, use_dist_opt)
-    return saved
+    return saved, blocked
 
 
 def save_local(done: int, local: LocalCheckpoints, *, module, optimizer, scheduler, ckpt_args, use_dist_opt: bool,
-               saves: checkpointing.AsyncSaves | None) -> None:
-    """A local checkpoint of iteration `done` (every rank at once), after any save in flight."""
+               saves: checkpointing.AsyncSaves | None) -> float:
+    """A local checkpoint of iteration `done` (every rank at once), after any save in flight; returns how long
+    training was blocked."""
     if saves is not None:
         report_finished(saves, blocking=True)
     t0 = time.perf_counter()
@@ -481,6 +516,7 @@ def save_local(done: int, local: LocalCheckpoints, *, module, optimizer, schedul
     blocked = time.perf_counter() - t0
     say(f"done: saving local checkpoint iteration {done}: training blocked {blocked:.2f}s"
         + ("; written in the background" if saves is not None else ""))
+    return blocked
 
 
 def report_finished(saves: checkpointing.AsyncSaves, blocking: bool) -> None:
@@ -577,11 +613,12 @@ def main(argv: list[str] | None = None) -> int:
 
     module, model, optimizer, scheduler = build(args, arch, parallel, naming, use_dist_opt)
     local = None
-    if args.non_persistent_save_interval > 0:
+    if args.non_persistent_save_interval != 0:  # a number, or None: auto
         jump = args.replication_jump or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         local = LocalCheckpoints(local_checkpoints_root(args.non_persistent_local_ckpt_dir), save, jump,
                                  args.replication_factor if args.replication else 1)
-        say(f"local checkpoints every {args.non_persistent_save_interval} iteration(s): {local.describe()}")
+        every = args.non_persistent_save_interval
+        say(f"local checkpoints {'auto' if every is None else f'every {every} iteration(s)'}: {local.describe()}")
     try:
         start, source = load_weights(args, arch, naming, module, optimizer, scheduler, use_dist_opt, local)
     except checkpointing.CheckpointMismatch as error:

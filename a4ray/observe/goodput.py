@@ -48,6 +48,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from a4ray.core.results import axes, dataframe
+from a4ray.observe.checkpoint_policy import PUBLISHED_RATE, best_interval_s
 
 
 class LaunchTimes(BaseModel):
@@ -85,7 +86,7 @@ COLOURS = {"productive_time": "#2da44e", "placement": "#8250df", "program_startu
 _PAINTABLE = {"productive_time", "wasted_progress_from_disruption", "fault_detection", "other"}
 
 # Meta's failure rates (failures per 1000 node-days) on their two clusters, and the node counts projected
-PUBLISHED_RATES = (6.50, 2.34)
+PUBLISHED_RATES = (PUBLISHED_RATE, 2.34)  # Meta's RSC-1 and RSC-2, failures per 1000 node-days
 PROJECTED_NODES = (16, 64, 256, 1024)
 
 BusyKind = Literal["checkpoint", "evaluation", "other"]
@@ -355,7 +356,7 @@ def project_ettr(u0_s: float, w_s: float, interval_s: float | None = None, *,
         per_node_s = rate / 1000 / 86400
         for n in nodes:
             failures_s = n * per_node_s
-            best = math.sqrt(2 * w_s / failures_s) if w_s > 0 else 0.0
+            best = best_interval_s(w_s, n, rate)
             found.append(Projection(
                 nodes=n, failures_per_1000_node_days=rate, interval_s=interval_s,
                 ettr=None if interval_s is None else ettr(u0_s, w_s, interval_s, failures_s),

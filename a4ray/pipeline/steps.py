@@ -199,7 +199,7 @@ def checkpoint_need(trainer: Trainer, found: tuple[dict, str] | None) -> Checkpo
         return None  # a model the native mapping does not know: the floor alone
     train = trainer.spec.train
     iterations, every = getattr(train, "iterations", None), getattr(train, "save_interval", None)
-    count = math.ceil(iterations / every) if iterations and every else None
+    count = math.ceil(iterations / every) if iterations and isinstance(every, int) else None  # auto: not known
     kept = trainer.checkpoints_kept()
     if kept is not None:  # the newest is written before the oldest goes
         count = min(count, kept + 1) if count else kept + 1

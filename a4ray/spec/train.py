@@ -123,11 +123,14 @@ class TrainSpec(Spec):
     iterations: PositiveInt = Field(100, description="training iterations (Pai pretraining takes tokens: a4ray "
                                     "passes iterations x global batch x seq_len)")
     warmup_iterations: NonNegativeInt = 10
-    save_interval: PositiveInt = 1000
-    local_save_interval: NonNegativeInt = Field(
-        0, description="megatron trainer: iterations between local checkpoints (0: none): each rank's part in its "
-        "node's RAM disk (storage.local_checkpoints), replicated on local_replicas nodes; a restart resumes from the "
-        "newest of these and the persistent ones")
+    save_interval: PositiveInt | Literal["auto"] = Field(
+        1000, description="iterations between checkpoints; auto (megatron trainer): the interval Meta's ETTR model "
+        "finds best, dt* = sqrt(2 w / (N r_f)), from each save's measured blocking time w, the N nodes and their failure "
+        "rate r_f, at the run's pace")
+    local_save_interval: NonNegativeInt | Literal["auto"] = Field(
+        0, description="megatron trainer: iterations between local checkpoints (0: none; auto as save_interval): each "
+        "rank's part in its node's RAM disk (storage.local_checkpoints), replicated on local_replicas nodes; a restart "
+        "resumes from the newest of these and the persistent ones")
     local_replicas: PositiveInt = Field(
         2, description="nodes holding each rank's local checkpoint, its own included (1: not replicated); the node "
         "count must be a multiple of it, else the plan says the local checkpoints are not replicated")
@@ -140,6 +143,14 @@ class TrainSpec(Spec):
 
     @model_validator(mode="after")
     def _schedule(self) -> Self:
+        if self.trainer != "megatron":
+            for name in ("save_interval", "local_save_interval"):
+                if getattr(self, name) == "auto":
+                    raise ValueError(f"train.{name}=auto: only a4ray's Megatron trainer (train.trainer=megatron) sets "
+                                     f"its interval from the model; give the {self.trainer} trainer a number")
+            if self.local_save_interval:
+                raise ValueError(f"train.local_save_interval={self.local_save_interval}: local checkpoints are a4ray's "
+                                 f"Megatron trainer's (train.trainer=megatron); set 0 for the {self.trainer} trainer")
         if self.warmup_iterations >= self.iterations:
             raise ValueError(f"train.warmup_iterations={self.warmup_iterations} must be below train.iterations="
                              f"{self.iterations} (the learning rate decays over the iterations after warmup)")

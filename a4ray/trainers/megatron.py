@@ -133,13 +133,13 @@ class MegatronTrain(Trainer):
         t, nodes = self.spec.train, self.spec.cluster.nodes
         where = self.spec.storage.local_checkpoints or "each node's RAM disk (/dev/shm)"
         unreplicated = self.local_replication(nodes)
-        local = (f"local checkpoints: every {t.local_save_interval} iteration(s) in {where}, "
+        local = (f"local checkpoints: {_every(t.local_save_interval)} in {where}, "
                  + (f"not replicated ({unreplicated})" if unreplicated else
                     f"each rank's part held on {t.local_replicas} nodes")) if t.local_save_interval else \
             "local checkpoints: off (train.local_save_interval)"
         return [f"model: {self.shape()}",
                 f"layers: {layers[m.layers]}; loads {self.checkpoint}; checkpoints: {self.checkpoints}",
-                f"checkpoints every {t.save_interval} iteration(s), "
+                f"checkpoints {_every(t.save_interval)}, "
                 + ("written in the background (async)" if m.async_save else "synchronous") + f"; {local}"]
 
     def shape(self) -> str:
@@ -160,7 +160,7 @@ class MegatronTrain(Trainer):
         done = newest_complete(Path(self.checkpoints))  # where the driver sees the workspace; else the ranks find it
         local = self.spec.train.local_save_interval
         if local:  # on the nodes only: the ranks find them and say which they load
-            return (f"the trainer resumes from checkpoint iteration {done} or a newer local one (every {local})" if done
+            return (f"the trainer resumes from checkpoint iteration {done} or a newer local one ({_every(local)})" if done
                     else f"the trainer resumes from its newest local or persistent checkpoint ({self.checkpoints}), "
                     "if any")
         return (f"the trainer resumes from checkpoint iteration {done}" if done else
@@ -179,3 +179,8 @@ class MegatronTrainResult(LoopResult):
     """The Megatron trainer's record (from the last rank, where the loss is)."""
 
     kind: str = "megatron"
+
+
+def _every(interval: int | str) -> str:
+    return ("auto: every dt* = sqrt(2 w / (N r_f)) at the run's pace, w each save's measured blocking time"
+            if interval == "auto" else f"every {interval} iteration(s)")

@@ -1,0 +1,49 @@
+"""The checkpoint policy (observe/checkpoint_policy.py): Meta's best interval, fixed and auto intervals, and which
+checkpoint a restart resumes from. The auto interval end to end: test_pipeline's 4-node rerun."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from a4ray.observe.checkpoint_policy import PUBLISHED_RATE, Interval, best_interval_s, resume_from
+from a4ray.observe.goodput import project_ettr
+
+
+def test_the_best_interval_is_metas_and_goodputs_projection_agrees():
+    # 512 nodes, 6.5 failures per 1000 node-days, a save blocking 20 s: dt* = sqrt(2 x 20 / (512 x 6.5e-3 / 86400))
+    assert best_interval_s(20, 512, 6.5) == pytest.approx(math.sqrt(40 / (512 * 6.5e-3 / 86400)))
+    assert best_interval_s(20, 512, 6.5) == pytest.approx(1019.05, abs=0.01)
+    (projected,) = project_ettr(300, 20, nodes=(512,), rates=(6.5,))
+    assert projected.best_interval_s == best_interval_s(20, 512, 6.5)
+    # a save 400x cheaper is best made 20x more often
+    assert best_interval_s(0.05, 512, 6.5) == pytest.approx(best_interval_s(20, 512, 6.5) / 20)
+    assert best_interval_s(0, 512, 6.5) == 0.0
+
+
+def test_a_fixed_interval_saves_on_its_multiples_and_chooses_nothing():
+    every = Interval("checkpoint", 10, nodes=2, failures_per_1000_node_days=PUBLISHED_RATE, rate_source="x", start=0)
+    assert [i for i in range(1, 31) if every.due(i)] == [10, 20, 30]
+    assert every.saved(10, 1.0, 0.1) is None
+
+
+def test_an_auto_interval_saves_first_to_measure_then_at_dt_star_at_the_runs_pace():
+    auto = Interval("checkpoint", None, nodes=512, failures_per_1000_node_days=6.5, rate_source="published",
+                    start=100)
+    assert not auto.due(100) and auto.due(101)  # the first iteration after the start measures the save
+    said = auto.saved(101, 20.0, 2.0)  # 20 s blocked, 2 s a step: dt* 1019 s = 510 steps
+    assert said == ("checkpoint interval auto: every 510 iteration(s) = dt* 1019s = sqrt(2 w / (N r_f)) with w 20.00s "
+                    "blocked by this save, N 512 node(s), r_f 6.5 failures per 1000 node-days (published); a step "
+                    "takes 2.000s")
+    assert not auto.due(610) and auto.due(611)
+    assert auto.saved(611, 20.0, 2.0) is None  # the same choice is not said again
+    assert "every 23 iteration(s)" in auto.saved(611, 0.04, 2.0)  # cheaper saves: more often
+
+
+def test_a_restart_resumes_from_the_newest_checkpoint_and_a_persistent_one_on_a_tie():
+    assert resume_from(10, 15) == ("local", 15)
+    assert resume_from(20, 15) == ("persistent", 20)
+    assert resume_from(20, 20) == ("persistent", 20)
+    assert resume_from(None, 5) == ("local", 5)
+    assert resume_from(None, None) == (None, None)
