@@ -49,8 +49,8 @@ def _kill_a_rank_while_a_checkpoint_is_written(save: Path, killed: list, stop: t
             for proc in psutil.process_iter(["pid", "cmdline"]):
                 cmd = " ".join(proc.info["cmdline"] or [])
                 if "a4ray.mcore" in cmd and str(save) in cmd and "a4ray.runtime.ranks" not in cmd:
-                    try:
-                        if proc.environ().get("RANK") == "1":
+                    try:  # the trainer itself, not its async writer (a child, with its RANK and command line)
+                        if proc.environ().get("RANK") == "1" and "RANK" not in proc.parent().environ():
                             victim = proc
                     except psutil.Error:
                         continue
@@ -149,9 +149,10 @@ def test_the_megatron_trainer_trains_qwen3_next_tiny_and_resumes_past_a_killed_r
     resumed, persisted = train["start_iteration"], partial - 10
     assert (f"a4ray.mcore: not loading checkpoint iteration {partial}: {writing}: its save did not finish (a rank "
             f"died while writing it); the newest complete one is iteration {persisted}") in out, rehearsal.killed
-    # The newest checkpoint is the local one (every 5), on each node's own RAM disk: 5 iterations redone, not 10.
-    assert resumed == partial - 5 and (f"a4ray.mcore: resuming from local checkpoint iteration {resumed} (newer than "
-                                       f"the persistent checkpoint iteration {persisted})") in out
+    # The newest checkpoint is the local one (every 5, saved beside each persistent one too), on each node's own RAM
+    # disk: of the iteration whose persistent save the kill cut short.
+    assert resumed == partial and (f"a4ray.mcore: resuming from local checkpoint iteration {resumed} (newer than "
+                                   f"the persistent checkpoint iteration {persisted})") in out
     assert (f"a4ray.mcore: local checkpoint iteration {resumed}: every rank's part from its own node's storage"
             in out)
     assert train["iterations"] == 30 and train["world_size"] == 2 and train["backend"] == "gloo"
@@ -159,11 +160,13 @@ def test_the_megatron_trainer_trains_qwen3_next_tiny_and_resumes_past_a_killed_r
              for m in map(_ITERATION.search, log.read_text().splitlines()) if m]
     losses = {int(i): float(loss) for i, _, loss in lines}  # both attempts: 1..killed, then resumed + 1..30
     assert set(losses) == set(range(1, 31)) and losses[30] < losses[1] - 1.0, losses
-    printed: dict[int, set[str]] = {}
+    printed: dict[int, list[str]] = {}
     for i, _, loss in lines:
-        printed.setdefault(int(i), set()).add(loss)
-    redone = range(resumed + 1, partial + 1)
-    assert all(len(printed[i]) == 1 for i in redone), printed  # the redone iterations' losses, digit for digit
+        printed.setdefault(int(i), []).append(loss)
+    # done before the kill and again after it: at most the iterations the async write overlapped (often none); the
+    # same loss, digit for digit (the lost-node test below redoes more, and checks the same)
+    redone = [i for i, seen in printed.items() if len(seen) == 2]
+    assert all(i > resumed for i in redone) and all(len(set(printed[i])) == 1 for i in redone), printed
     history = PipelineResult.model_validate(rehearsal.result).progress()  # the run's metrics, from its iteration lines
     assert [p.iteration for p in history] == list(range(1, 31)) and history[-1].loss == losses[30]
     assert "progress: iteration 30/30" in out and "tokens/s" in out
@@ -175,12 +178,18 @@ def test_interval_saves_are_async_and_the_last_loads_back_equal_and_complete(reh
     synchronous and loads back through megatron-core with every tensor equal to what was saved; Megatron-LM's
     layout: iter_0000030/ complete, the tracker written last."""
     out = rehearsal.out
-    for iteration in (10, 20):  # 20: saved again by the restart
+    for iteration in (10, 20):  # 20's write is the one the kill cut short
         assert f"a4ray.mcore: saved checkpoint iteration {iteration} to host memory in " in out
-        assert re.search(rf"a4ray.mcore: checkpoint iteration {iteration} complete: written in the background in "
-                         r"[0-9.]+s; the newest to resume from", out)
+    assert re.search(r"a4ray.mcore: checkpoint iteration 10 complete: written in the background in [0-9.]+s; the "
+                     r"newest to resume from", out)
+    assert "a4ray.mcore: checkpoint iteration 20 complete" not in out  # the restart resumed at 20: its next save is 30
     checked = {m.group(1): m.groups()[1:] for m in _CHECK_SAVE.finditer(out)}
     assert set(checked) == {"iter_0000030"}
+    # goodput: what a save blocked (w, the model's) and what an async save wrote after training went on, apart
+    goodput = rehearsal.steps["train"]["result"]["goodput"]
+    assert 0 < goodput["checkpoint_save_s"] < 5 and 0 < goodput["background_save_s"] < 30, goodput
+    (incident,) = goodput["incidents"]
+    assert incident["redone_iterations"] <= 5, incident  # at most one local interval
     assert all(a == b and c == d and int(b) > 0 for a, b, c, d in checked.values()), checked
     save, final = rehearsal.save, rehearsal.save / "iter_0000030"
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "30"

@@ -10,7 +10,10 @@ the driver lines in batches; when a checkpoint save or an evaluation began and e
   program_startup                    commands started -> the first iteration line (process start, imports, init,
                                      checkpoint load, compile; the first logged step's own time is in here)
   unproductive_checkpoint_save_time  blocking checkpoint saves ("saving checkpoint at iteration" -> "successfully
-                                     saved checkpoint" / "saved checkpoint iteration", or the next iteration line)
+                                     saved checkpoint" / "saved checkpoint iteration", or the next iteration line;
+                                     a4ray.mcore's local saves: "busy: saving" -> "done: saving"); an async save's
+                                     write after training went on is not lost time, and is recorded apart
+                                     (`background_save_s`)
   evaluation                         "Evaluating on|iter" -> "validation loss at" (or the next iteration line)
   wasted_progress_from_disruption    the steps of iterations a later attempt redid (it resumed from a checkpoint
                                      before them), at their measured time
@@ -97,12 +100,15 @@ BusyKind = Literal["checkpoint", "evaluation", "other"]
 _BEGINS: list[tuple[re.Pattern, BusyKind]] = [
     (re.compile(r"saving checkpoint at iteration", re.IGNORECASE), "checkpoint"),
     (re.compile(r"\bEvaluating (on|iter)\b", re.IGNORECASE), "evaluation"),
-    (re.compile(r"\ba4ray: busy\b.*\b(sav|checkpoint)", re.IGNORECASE), "checkpoint"),
+    (re.compile(r"\ba4ray(\.\w+)?: busy\b.*\bsav", re.IGNORECASE), "checkpoint"),  # a4ray.mcore's local saves
     (re.compile(r"\ba4ray: busy\b.*\beval", re.IGNORECASE), "evaluation"),
     (re.compile(r"\ba4ray: busy\b", re.IGNORECASE), "other"),
 ]
-_ENDS = re.compile(r"successfully saved checkpoint|\bsaved checkpoint iteration\b|validation loss at|\ba4ray: done\b",
-                   re.IGNORECASE)
+_ENDS = re.compile(r"successfully saved checkpoint|\bsaved checkpoint iteration\b|validation loss at|"
+                   r"\ba4ray(\.\w+)?: done\b", re.IGNORECASE)
+# An async save's write, once it is complete (a4ray.mcore: "checkpoint iteration 20 complete: written in the
+# background in 0.44s"): time the run did not wait for, recorded beside the blocking part.
+_BACKGROUND = re.compile(r"checkpoint iteration \d+ complete: written in the background in ([0-9.]+)s")
 _BUSY_BUCKET = {"checkpoint": "unproductive_checkpoint_save_time", "evaluation": "evaluation", "other": "other"}
 
 
@@ -124,6 +130,7 @@ class AttemptRecord(BaseModel):
     failure: str | None = None
     iterations: list[tuple[int, float]] = []  # (iteration, when its line came), increasing
     busy: list[Busy] = []
+    background_saves: list[float] = []  # seconds each async save wrote after training went on
 
 
 class Stopwatch:
@@ -140,6 +147,7 @@ class Stopwatch:
         self.every_s = every_s
         self._numbers, self._times = array("q"), array("d")  # each new iteration line: 16 bytes, for long runs
         self.busy: list[Busy] = []
+        self.background: list[float] = []
         self._told: float | None = None
 
     @property
@@ -170,6 +178,9 @@ class Stopwatch:
         low = text.lower()  # every streamed line comes here: substrings first (an IGNORECASE regex: ~25 us a line)
         if not ("checkpoint" in low or "evaluat" in low or "validation loss" in low or "a4ray: " in low):
             return
+        if "background" in low and (written := _BACKGROUND.search(text)):
+            self.background.append(float(written.group(1)))
+            return
         kind = next((kind for pattern, kind in _BEGINS if pattern.search(text)), None)
         last = self.busy[-1] if self.busy else None
         since = self._times[-1] if self._times else -math.inf
@@ -189,7 +200,7 @@ class Stopwatch:
         last = times.verdict_at if times.verdict_at is not None else math.inf
         return AttemptRecord(attempt=attempt, times=times, failure_kind=failure_kind, failure=failure,
                              iterations=[(i, min(at, last)) for i, at in self.iterations],
-                             busy=[b.model_copy() for b in self.busy])
+                             busy=[b.model_copy() for b in self.busy], background_saves=list(self.background))
 
 
 class Segment(BaseModel):
@@ -278,6 +289,7 @@ class Goodput(BaseModel):
     productive_iterations: int = 0
     step_time_s: float | None = None  # productive time per productive iteration
     checkpoint_save_s: float | None = None  # median blocking save (w)
+    background_save_s: float | None = None  # median time an async save went on writing after training resumed
     checkpoint_interval_s: float | None = None  # median time between saves' starts (dt)
     restart_overhead_s: float | None = None  # u0: median detection + recovery of the incidents, else the cold start
     incidents: list[Incident] = []
@@ -449,12 +461,14 @@ def account(attempts: list[AttemptRecord], started_at: float, ended_at: float) -
     if any(i.estimated for i in incidents):
         notes.append("some fault times were not recorded by the launch; see each incident's `estimated`")
     reached = [i for a in attempts for i, _ in a.iterations]
+    background = [s for a in attempts for s in a.background_saves]
     return Goodput(
         started_at=started_at, ended_at=end, wall_s=wall,
         goodput=buckets["productive_time"] / wall if wall > 0 else 0.0, buckets=buckets, attempts=len(attempts),
         iterations=max(reached) if reached else None, productive_iterations=productive_iterations,
         step_time_s=buckets["productive_time"] / productive_iterations if productive_iterations else None,
         checkpoint_save_s=statistics.median(b.end - b.start for b in saves) if saves else None,
+        background_save_s=statistics.median(background) if background else None,
         checkpoint_interval_s=statistics.median(b - a for a, b in zip(save_starts, save_starts[1:]))
         if len(save_starts) > 1 else None,
         restart_overhead_s=statistics.median(overheads) if overheads else (cold if cold > 0 else None),
