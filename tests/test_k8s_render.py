@@ -157,6 +157,11 @@ def test_a4_worker_pod_is_what_a_reviewer_expects():
     assert env["A4RAY_TOPOLOGY_KEYS"]["value"] == f"{GKE_BLOCK_LABEL},{GKE_SUBBLOCK_LABEL},{GKE_HOST_LABEL}"
     assert "LD_LIBRARY_PATH" not in env  # a pod-spec value would replace the image's, not prepend to it
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token", "optional": True}
+    # A pod's deletion (GKE maintenance, preemption): its ranks save at the iteration they reached before Ray is
+    # stopped, within the grace period (runtime/notice.py's main, tested in test_notice).
+    assert ray["lifecycle"]["preStop"]["exec"]["command"] == ["python", "-m", "a4ray.runtime.notice", "--grace-s",
+                                                              "300"]
+    assert pod["terminationGracePeriodSeconds"] == 330
     # Head: CPU pool, no Ray work, dashboard port, inside the cluster only, token auth by the operator.
     head = cluster["spec"]["headGroupSpec"]
     assert head["serviceType"] == "ClusterIP" and head["rayStartParams"]["num-cpus"] == "0"

@@ -302,9 +302,13 @@ def _worker_group(spec: JobSpec, name: str, env: list[dict]) -> dict:
         "env": env,
         "volumeMounts": [{"name": "gib", "mountPath": GIB_MOUNT}, {"name": "nvidia", "mountPath": NVIDIA_MOUNT},
                          {"name": "dshm", "mountPath": "/dev/shm"}, *pod_storage.mounts],
+        # A pod's deletion (GKE maintenance, preemption): the ranks save first, then Ray gets its SIGTERM.
+        "lifecycle": {"preStop": {"exec": {"command": [
+            "python", "-m", "a4ray.runtime.notice", "--grace-s", f"{c.notice_grace_s:g}"]}}},
     }
     annotations = {OVERWRITE_CMD: "true", **pod_storage.annotations}
-    pod_spec: dict = {}
+    # The preStop hook's wait, and Ray's own stop after it.
+    pod_spec: dict = {"terminationGracePeriodSeconds": int(c.notice_grace_s) + 30}
     if k.rdma.mode == "hostnetwork":
         pod_spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
         # RDMA verbs on the host's NICs (memory registration, device files) need a privileged container.

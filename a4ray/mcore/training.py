@@ -54,6 +54,7 @@ from a4ray.programs.distributed import exit_distributed, init_distributed
 from a4ray.observe.checkpoint_policy import PUBLISHED_RATE, Interval, resume_from
 from a4ray.programs.record import report_loop
 from a4ray.runtime.node_local import local_checkpoints_root
+from a4ray.runtime.notice import NOTICE_EXIT_CODE
 
 PREFIX = "a4ray.mcore:"
 
@@ -658,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
         local.remove()
 
     if result["noticed"]:  # stopped on notice: the run is not over, and its record is the rerun's
-        exit_distributed(0)
+        exit_distributed(NOTICE_EXIT_CODE)
     devices = [None] * world
     dist.all_gather_object(devices, f"{socket.gethostname()}:{device}")
     if is_last_rank():

@@ -32,7 +32,7 @@ from a4ray.observe.verdicts import Culprit, HangVerdict, NodeRef, Straggler
 from a4ray.runtime.deaths import ACTOR_GONE, why_died
 from a4ray.runtime.launch import Launch
 from a4ray.runtime.node_actor import Line, Poll
-from a4ray.runtime.notice import SAVED_ON_NOTICE
+from a4ray.runtime.notice import NOTICE_EXIT_CODE, SAVED_ON_NOTICE
 from a4ray.runtime.ranks import FAILURE_HEADER, ended_rank
 from a4ray.spec.resilience import ObserveSpec
 
@@ -618,7 +618,10 @@ def root_cause_detail(lines: list[str]) -> str | None:
 
 
 def signal_name(code: int) -> str:
-    """What killed a process that ended with a negative exit code (" (killed by SIGKILL)"), else ""."""
+    """What killed a process that ended with a negative exit code (" (killed by SIGKILL)"), or what a4ray's own codes
+    mean, else ""."""
+    if code == NOTICE_EXIT_CODE:
+        return " (its ranks saved on notice and ended: its pod is being deleted, preempted or maintained)"
     if code < 0:
         try:
             return f" (killed by {signal.Signals(-code).name})"

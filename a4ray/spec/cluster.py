@@ -60,7 +60,9 @@ class ClusterSpec(Spec):
     stop_grace_s: Seconds = Field(10, description="SIGTERM to SIGKILL grace when stopping a node")
     notice_grace_s: Seconds = Field(
         300, description="a cancel (Ctrl-C, `ray job stop`, SIGTERM to the driver) of a trainer that saves on notice: "
-        "how long its ranks have to save at the iteration they reached and end before they are stopped")
+        "how long its ranks have to save at the iteration they reached and end before they are stopped; on A4 also "
+        "the worker pods' preStop wait for the same on a pod's deletion (terminationGracePeriodSeconds: this + 30). "
+        "Keep it above a synchronous save's time (a run's goodput records checkpoint_save_s)")
     launcher: Literal["a4ray", "torchrun"] = Field(
         "a4ray", description="what starts a node's ranks of a torchrun workload: a4ray's rank launcher "
         "(torchrun's env contract, no elastic agent: the gang already placed, ranked and supervises the "
