@@ -120,6 +120,10 @@ def test_the_rehearsal_runs_every_step_for_real_and_records_it(rehearsal):
     disk = [c for c in steps["preflight"]["result"]["checks"] if c["name"] == "disk"]
     assert len(disk) == 2 and all(c["status"] == "ok" and str(rehearsal.save) in c["detail"] and
                                   c["detail"].endswith("the 3 checkpoints of ~4.8 MiB each fit") for c in disk), disk
+    # ... and each node's own RAM disk to the local checkpoints it holds: its part and the other node's replica.
+    local = [c for c in steps["preflight"]["result"]["checks"] if c["name"] == "local checkpoints"]
+    assert len(local) == 2 and len({c["detail"].split(" in ")[1].split(":")[0] for c in local}) == 2, local
+    assert all(c["status"] == "ok" and c["detail"].endswith("the local checkpoints' 9.6 MiB fit") for c in local), local
 
     # Qwen3-Next converted natively, verified tensor by tensor and by its logits; nothing stands in for it.
     (verdict,) = steps["convert"]["detail"].splitlines()

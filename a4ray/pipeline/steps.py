@@ -203,8 +203,14 @@ def checkpoint_need(trainer: Trainer, found: tuple[dict, str] | None) -> Checkpo
     kept = trainer.checkpoints_kept()
     if kept is not None:  # the newest is written before the oldest goes
         count = min(count, kept + 1) if count else kept + 1
+    each = params * CHECKPOINT_BYTES_PER_PARAMETER
+    local = {}
+    if getattr(train, "local_save_interval", 0):  # a node's share, its replicas' on it, twice while one is written
+        nodes = trainer.spec.cluster.nodes
+        replicas = 1 if trainer.local_replication(nodes) else train.local_replicas
+        local = {"local_path": trainer.spec.storage.local_checkpoints, "local_bytes": 2 * replicas * each // nodes}
     return CheckpointNeed(
-        path=trainer.checkpoints, each_bytes=params * CHECKPOINT_BYTES_PER_PARAMETER, count=count,
+        path=trainer.checkpoints, each_bytes=each, count=count, **local,
         reckoned=f"{params:,} parameters x {CHECKPOINT_BYTES_PER_PARAMETER} B: bf16 weights, fp32 main weights "
                  "and Adam's two moments")
 

@@ -29,6 +29,7 @@ from a4ray.observe.stacks import dump, py_spy
 from a4ray.runtime.connect import Connection
 from a4ray.runtime.gang import Gang
 from a4ray.runtime.launch import Launch, NodeContext
+from a4ray.runtime.node_local import local_checkpoints_root
 from a4ray.spec.cluster import NetworkSpec
 from a4ray.spec.job import JobSpec
 from a4ray.spec.nccl import NcclTestJob
@@ -57,6 +58,8 @@ class CheckpointNeed(BaseModel):
     each_bytes: int
     count: int | None = None  # on disk at once at most: saved over the run, or kept (None: not known)
     reckoned: str  # how each_bytes was reckoned, shown in the check
+    local_path: str | None = None  # storage.local_checkpoints ('': each node's RAM disk); None: no local checkpoints
+    local_bytes: int = 0  # what a node holds of them at most: its share, its replicas', the one being written
 
     @property
     def each(self) -> str:
@@ -178,6 +181,19 @@ def _disk(workspace: str, min_gb: float, need: CheckpointNeed | None = None) -> 
     return "ok", f"{free:,.0f} GiB free on {where}: {saved} of ~{need.each} each fit", ""
 
 
+def _local_room(need: CheckpointNeed) -> tuple[Status, str, str]:
+    """Room for the local checkpoints in the node's own storage (its RAM disk): a full one never fills the node."""
+    root = local_checkpoints_root(need.local_path)
+    free = shutil.disk_usage(_existing(root)).free
+    held = f"{need.local_bytes / 2**30:,.2f} GiB" if need.local_bytes >= 2**28 else f"{need.local_bytes / 2**20:,.1f} MiB"
+    if free < need.local_bytes:
+        return ("fail", f"{free / 2**30:,.1f} GiB free in {root}: the node holds up to {held} of local checkpoints "
+                "(its ranks' parts and their replicas, twice while one is written)",
+                "a larger RAM disk (kuberay.shm_size), storage.local_checkpoints on a local SSD, or fewer "
+                "train.local_replicas")
+    return "ok", f"{free / 2**30:,.0f} GiB free in {root}: the local checkpoints' {held} fit", ""
+
+
 def _py_spy() -> tuple[Status, str, str]:
     if py_spy() is None:
         return "warn", "py-spy not installed: a hang would be reported without stacks", "pip install py-spy"
@@ -200,6 +216,8 @@ def node_checks(expected_gpus: int, network: NetworkSpec, workspace: str, limits
     checks = [("GPUs", _gpus(expected_gpus, simulated)), ("gIB plugin", _gib(network, simulated)),
               ("RDMA", _rdma(simulated, gib_wanted)), ("/dev/shm", _shm(limits.min_shm_gb)),
               ("disk", _disk(workspace, limits.min_free_disk_gb, checkpoints)), ("py-spy", _py_spy())]
+    if checkpoints is not None and checkpoints.local_path is not None:
+        checks.append(("local checkpoints", _local_room(checkpoints)))
     return [(name, *outcome) for name, outcome in checks]
 
 
