@@ -148,6 +148,7 @@ SWIFT_4_5_2_MEGATRON_RLHF_FIELDS = {
     "dataset_num_proc": "arguments/base_args/data_args.py:82",
     "no_save_optim": "megatron/arguments/megatron_args.py:564",
     "no_save_rng": "megatron/arguments/megatron_args.py:565",
+    "async_save": "megatron/arguments/megatron_args.py:573",
     "sequence_parallel": "megatron/arguments/megatron_args.py:602",
     "attention_backend": "megatron/arguments/megatron_args.py:499",
     "optimizer_cpu_offload": "megatron/arguments/megatron_args.py:501",

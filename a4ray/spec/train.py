@@ -216,6 +216,8 @@ class SwiftTrainSpec(Spec):
         "preprocesses the dataset again), and its DPO examples from 3.12 on pass true")
     save_optim: bool = Field(False, description="false: --no_save_optim true")
     save_rng: bool = Field(False, description="false: --no_save_rng true")
+    async_save: bool = Field(True, description="saves block training only for the copy of the state (>= 4.0: "
+                             "--async_save true; before: Megatron-LM's --async-save through --extra_megatron_kwargs)")
     attention_backend: Literal["flash", "fused", "unfused", "auto"] = "flash"
     optimizer_cpu_offload: bool = True
     use_precision_aware_optimizer: bool = True

@@ -311,7 +311,10 @@ class PaiTrain(Trainer):
 
     def plan_lines(self) -> list[str]:
         return ["run_mcore_qwen3.sh arguments:", *(f"  {line}" for line in self.describe()),
-                f"checkpoints: {self.checkpoint_dir}"]
+                f"checkpoints: {self.checkpoint_dir}, synchronous, every train.save_interval: Pai's script takes no "
+                "further Megatron-LM argument, though its Megatron-LM has --async-save, --non-persistent-* and "
+                "--exit-signal-handler (a4ray's Megatron trainer, train.trainer=megatron, saves in the background, "
+                "locally and on notice)"]
 
     def outputs(self, result: WorkloadResult) -> dict[str, str]:
         return {**super().outputs(result), "checkpoints": self.checkpoint_dir}

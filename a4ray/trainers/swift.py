@@ -13,12 +13,18 @@ The flags follow the configured `train.version` (examples/megatron/rlhf/dpo/moe.
     >= 4.0   --model <hf dir> --save_safetensors true             --output_dir --save_steps --eval_steps
                                                                   --num_train_epochs --dataloader_num_workers
 
-`megatron rlhf` exists from 3.6, --expert_tensor_parallel_size from 3.7, DPO packing from 3.8.
+`megatron rlhf` exists from 3.6, --expert_tensor_parallel_size from 3.7, DPO packing from 3.8. Async saves: 4.x's own
+--async_save (its megatron_args.py; it refuses save_total_limit beside it), before 4.0 Megatron-LM's --async-save
+passed through --extra_megatron_kwargs (3.8's megatron_args.py turns its keys into Megatron-LM flags). Neither
+version has a save on notice a4ray could use (Megatron-LM's --exit-signal-handler acts on SIGTERM, which a4ray's
+fault stops send) nor local checkpoints (4.x has no field for them).
 Sources: ms-swift's `swift/cli/main.py` (the launch env) and `examples/megatron/rlhf/dpo/moe.sh` at its tags v3.8.0,
 v3.12.0 and v4.0.0.
 """
 
 from __future__ import annotations
+
+import json
 
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.conversion import ConvertSpec
@@ -114,6 +120,8 @@ def swift_args(spec: RecipeJob, workspace: str, load: str) -> list[str]:
         argv += ["--no_save_optim", "true"]
     if not t.save_rng:
         argv += ["--no_save_rng", "true"]
+    if t.async_save:  # 4.x saves through dist_checkpointing itself; 3.x hands unknown flags to Megatron-LM's parser
+        argv += ["--async_save", "true"] if v >= (4,) else ["--extra_megatron_kwargs", json.dumps({"async_save": True})]
     argv += ["--sequence_parallel", _flag(par.sp and par.tp > 1), "--attention_backend", t.attention_backend]
     if t.optimizer_cpu_offload:
         argv += ["--optimizer_cpu_offload", "true", "--use_precision_aware_optimizer",
