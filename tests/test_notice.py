@@ -11,9 +11,9 @@ import subprocess
 import sys
 import time
 
-from a4ray.runtime.notice import NOTICE_SIGNAL, give_notice, rank_processes
+from a4ray.runtime.notice import NOTICE_SIGNAL, give_notice
 from a4ray.runtime.notice import main as notice_main
-from a4ray.runtime.process import LAUNCH_ID_VAR, launch_processes
+from a4ray.runtime.process import LAUNCH_ID_VAR, launch_processes, rank_processes
 
 # A rank: acts on the notice by printing and ending; its forked helper ignores nothing (the default action ends it).
 RANK = """

@@ -50,9 +50,10 @@ from a4ray.programs.record import (  # what a4ray's rank programs print and serv
     RESULT_MARKER,
 )
 from a4ray.runtime import ranks
+from a4ray.runtime.node_gpus import gpu_memory_freed, gpu_order, node_gpus
 from a4ray.runtime.netenv import LAUNCH_CONTRACT, EnvLayer, build_env, gib_layer, source_script
 from a4ray.runtime.notice import give_notice
-from a4ray.runtime.process import LAUNCH_ID_VAR, ManagedProcess, launch_processes
+from a4ray.runtime.process import LAUNCH_ID_VAR, ManagedProcess, launch_processes, rank_processes
 from a4ray.runtime.reaper import flight_recorder_pipes, make_flight_recorder_pipes, sweep_flight_recorder_pipes
 from a4ray.runtime.topology import NodeFacts
 from a4ray.spec.cluster import NetworkSpec, inductors_own
@@ -393,7 +394,7 @@ class NodeActor:
         return LaunchInfo(env_report=report, log_file=str(node_log), pid=self._process.pid or -1, ranks=ranks_start)
 
     def _settle(self) -> None:
-        self._note(gpu_memory_freed(_node_gpus()))
+        self._note(gpu_memory_freed(node_gpus()))
 
     def _warm_start(self, request: LaunchRequest, env: dict[str, str]) -> tuple[ManagedProcess | None, str | None]:
         """The launch on the standing-by launcher, its ranks warm, where it can be that launch, and "warm"; else
@@ -623,25 +624,31 @@ class NodeActor:
 
     # ------------------------------------------------------------------ forensics and probes
     def rank_processes(self) -> list[tuple[str, int]]:
-        """(rank, pid) of the launch's rank processes: those with RANK in their env (torchrun workers),
-        else every Python process of the launch (labelled n<node>:pid<pid>)."""
+        """(rank, pid) of the launch's rank processes (`process.rank_processes`: RANK in their env, not a rank's
+        forked helper such as an async save's writer), else every Python process of the launch (labelled
+        n<node>:pid<pid>)."""
         import psutil
 
         if self._process is None or self._process.pid is None or self._request is None:
             return []
-        ranked, python = [], []
-        for proc in launch_processes(self._process.pid, self._process.launch_id):
+        procs = launch_processes(self._process.pid, self._process.launch_id)
+        ranked = []
+        for proc in rank_processes(procs):
             try:
-                env = proc.environ()
-                name = proc.name()
-                cmdline = " ".join(proc.cmdline())
+                ranked.append((proc.environ()["RANK"], proc.pid))
+            except (psutil.Error, KeyError):
+                continue
+        if ranked:
+            return sorted(ranked, key=lambda rp: int(rp[0]))
+        python = []
+        for proc in procs:
+            try:
+                name, cmdline = proc.name(), " ".join(proc.cmdline())
             except psutil.Error:
                 continue
-            if "RANK" in env and "LOCAL_RANK" in env:
-                ranked.append((env["RANK"], proc.pid))
-            elif name.startswith("python") and not any(launcher in cmdline for launcher in _RANK_LAUNCHERS):
+            if name.startswith("python") and not any(launcher in cmdline for launcher in _RANK_LAUNCHERS):
                 python.append((f"n{self._request.node_rank}:pid{proc.pid}", proc.pid))
-        return sorted(ranked, key=lambda rp: int(rp[0])) if ranked else python
+        return python
 
     def stacks(self, timeout_s: float = 30) -> list[StackDump]:
         """py-spy dumps of every rank process of the launch, and of its helpers (labelled apart)."""
@@ -681,41 +688,6 @@ class NodeActor:
             return os.access(path, os.W_OK)
         except OSError:
             return False
-
-
-GPU_FREE_MB = 512  # below this a GPU counts as free again (NVRx's bound)
-GPU_FREE_WAIT_S = 50.0  # how long a stopped node waits for its GPUs' memory (NVRx waits as long)
-
-
-def _node_gpus() -> list[str]:
-    """This node's GPUs as nvidia-smi numbers them (Ray's ids are the machine's indices)."""
-    import ray
-
-    return gpu_order(ray.get_gpu_ids())
-
-
-def gpu_memory_freed(gpus: list[str], below_mb: int = GPU_FREE_MB, bound_s: float = GPU_FREE_WAIT_S) -> str | None:
-    """Wait until every GPU of `gpus` holds less than `below_mb` MiB, up to `bound_s`: a stopped rank's memory is
-    freed by the driver after its process is gone, and a relaunch that starts sooner can run out of memory. Says
-    what it found; None where there is nothing to wait for (no GPU, or no nvidia-smi: a CPU machine)."""
-    smi = shutil.which("nvidia-smi")
-    if not gpus or smi is None:
-        return None
-    start = time.monotonic()
-    used: dict[str, int] = {}
-    while True:
-        try:
-            out = subprocess.run([smi, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits",
-                                  f"--id={','.join(gpus)}"], capture_output=True, text=True, timeout=10).stdout
-            used = {i.strip(): int(float(mb)) for i, mb in (row.split(",") for row in out.splitlines() if "," in row)}
-        except (OSError, ValueError, subprocess.TimeoutExpired) as e:
-            return f"GPU memory not checked after the stop: nvidia-smi failed ({type(e).__name__})"
-        waited = time.monotonic() - start
-        if used and all(mb < below_mb for mb in used.values()):
-            return f"GPUs {','.join(gpus)} free after the stop ({waited:.1f}s; MiB used: {used})"
-        if waited >= bound_s:
-            return f"GPUs {','.join(gpus)} still hold memory {bound_s:g}s after the stop (MiB used: {used})"
-        time.sleep(0.2)
 
 
 def _actor_log_not_forwarded() -> None:
@@ -784,13 +756,6 @@ def _ray_worker_env() -> dict[str, str]:
     if "OMP_NUM_THREADS" in node_env or "OMP_NUM_THREADS" in job_env:
         return {}
     return {"OMP_NUM_THREADS": value}
-
-
-def gpu_order(ids) -> list[str]:
-    """GPU ids in the node's ascending order. Ray hands an actor its GPUs in a set's order (`ray.get_gpu_ids()`
-    collects them in a set; where the raylet has CUDA_VISIBLE_DEVICES, a set of strings in hash order), and sets
-    the actor's CUDA_VISIBLE_DEVICES the same way: `gpus=1,0` was seen. Indexes sort as numbers, UUIDs after."""
-    return sorted((str(g) for g in ids), key=lambda g: (not g.isdigit(), int(g) if g.isdigit() else 0, g))
 
 
 def _with_a4ray_on_path(pythonpath: str | None) -> str:

@@ -33,32 +33,12 @@ import time
 
 import psutil
 
-from a4ray.runtime.process import LAUNCH_ID_VAR, launch_processes
+from a4ray.runtime.process import LAUNCH_ID_VAR, launch_processes, rank_processes
 
 NOTICE_SIGNAL = signal.SIGUSR1
 NOTICE_EXIT_CODE = 75  # EX_TEMPFAIL: saved, ended, to be resumed
 # a4ray.mcore's words ("saved checkpoint iteration 7 on notice (SIGUSR1) to <dir> in 0.31s")
 SAVED_ON_NOTICE = re.compile(r"saved checkpoint iteration (\d+) on notice")
-
-
-def rank_processes(procs: list[psutil.Process]) -> list[psutil.Process]:
-    """The ranks among a launch's processes: RANK and LOCAL_RANK in their env, and a parent that is not a rank."""
-    ranks = {}
-    for proc in procs:
-        try:
-            env = proc.environ()
-        except psutil.Error:
-            continue
-        if "RANK" in env and "LOCAL_RANK" in env:
-            ranks[proc.pid] = proc
-    mains = []
-    for pid, proc in ranks.items():
-        try:
-            if proc.ppid() not in ranks:
-                mains.append(proc)
-        except psutil.Error:
-            continue
-    return mains
 
 
 def give_notice(pgid: int, launch_id: str) -> int:

@@ -42,6 +42,27 @@ def launch_processes(pgid: int | None = None, launch_id: str | None = None) -> l
     return found
 
 
+def rank_processes(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """The ranks among a launch's processes: RANK and LOCAL_RANK in their env (torchrun's contract), and a parent that
+    is not a rank: a rank's forked helpers (a data-loader worker, an async save's writer) inherit its env."""
+    ranks = {}
+    for proc in procs:
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if "RANK" in env and "LOCAL_RANK" in env:
+            ranks[proc.pid] = proc
+    mains = []
+    for pid, proc in ranks.items():
+        try:
+            if proc.ppid() not in ranks:
+                mains.append(proc)
+        except psutil.Error:
+            continue
+    return mains
+
+
 def child_pids() -> list[int]:
     """This process's children, read from the kernel's own lists (/proc/self/task/<tid>/children, one per thread)
     where it keeps them; else psutil's answer, a scan of every process's /proc/<pid>/stat (4 ms with ~200
