@@ -242,11 +242,12 @@ def load_weights(args: argparse.Namespace, arch, naming: str, module, optimizer,
     newest_local = local.newest() if local is not None else None
     if resume_from(resume, newest_local)[0] == "local":
         say(f"busy: loading local checkpoint iteration {newest_local}")
+        t0 = time.perf_counter()
         template = checkpointing.state_dict(module, optimizer, scheduler, args=None, iteration=None,
                                             use_distributed_optimizer=use_dist_opt, is_loading=True)
         say(f"local checkpoint iteration {newest_local}: {local.sources()}")
         loaded = checkpointing.apply_loaded(local.load(template), module, optimizer, scheduler)
-        say("done: loading the checkpoint")
+        say(f"done: loading the checkpoint in {time.perf_counter() - t0:.2f}s")
         iteration = int(loaded["iteration"])
         newer = f"newer than the persistent checkpoint iteration {resume}" if resume is not None else \
             "no persistent checkpoint yet"
@@ -256,8 +257,9 @@ def load_weights(args: argparse.Namespace, arch, naming: str, module, optimizer,
     if resume is not None:
         directory = checkpointing.iteration_dir(save, resume)
         say(f"busy: loading checkpoint iteration {resume}")  # the hang watchdog's pace and quiet windows wait
+        t0 = time.perf_counter()
         loaded = checkpointing.load_resume(directory, module, optimizer, scheduler, use_dist_opt)
-        say("done: loading the checkpoint")
+        say(f"done: loading the checkpoint in {time.perf_counter() - t0:.2f}s")
         iteration = int(loaded["iteration"])
         older = "" if newest_local is None else f"; the newest local one, iteration {newest_local}, is not newer"
         say(f"resuming from checkpoint iteration {iteration} in {save}: model, optimizer, scheduler, RNG "
@@ -486,6 +488,7 @@ def save_checkpoint(args: argparse.Namespace, done: int, *, module, optimizer, s
     blocked."""
     if saves is not None:
         report_finished(saves, blocking=True)
+    background = background and saves is not None
     save = Path(args.save).resolve()
     t0 = time.perf_counter()
     # Megatron-LM's words: the hang watchdog allows a save its upper bound, not the run's pace
