@@ -47,3 +47,23 @@ def test_a_restart_resumes_from_the_newest_checkpoint_and_a_persistent_one_on_a_
     assert resume_from(20, 20) == ("persistent", 20)
     assert resume_from(None, 5) == ("local", 5)
     assert resume_from(None, None) == (None, None)
+
+
+def test_a_save_that_died_leaves_no_dirty_part_in_the_next_attempts_way(tmp_path):
+    """A rank killed while writing its local part leaves `iter_N_<rank>_local.dirty.pt`; NVRx creates that file
+    exclusively, so the next attempt reaching iteration N again failed ("already exists on the same machine", found
+    by benchmarks/checkpoint.py's restore). A new attempt's LocalCheckpoints clears them before anything writes."""
+    import torch.distributed as dist
+
+    from a4ray.mcore.local_checkpoints import LocalCheckpoints
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        first = LocalCheckpoints(tmp_path / "shm", tmp_path / "save", replication_jump=1, replication_factor=1)
+        first.directory.mkdir(parents=True)
+        (first.directory / "iter_0000012_0_local.dirty.pt").write_bytes(b"cut short")
+        (first.directory / "iter_0000008_0_local.pt").write_bytes(b"complete")
+        again = LocalCheckpoints(tmp_path / "shm", tmp_path / "save", replication_jump=1, replication_factor=1)
+        assert sorted(p.name for p in again.directory.iterdir()) == ["iter_0000008_0_local.pt"]
+    finally:
+        dist.destroy_process_group()

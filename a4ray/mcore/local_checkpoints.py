@@ -58,6 +58,10 @@ class LocalCheckpoints:
         self.session = hashlib.sha256(str(Path(save).resolve()).encode()).hexdigest()[:12]
         self.root = Path(root)
         self.manager = NodeCheckpointManager(str(self.root), session_id=self.session, repl_strategy=strategy)
+        # A save that died (a rank killed while writing) left its `.dirty` file: the next attempt reaching the same
+        # iteration would find it in its way (NVRx creates it exclusively). Nothing of the node writes yet.
+        for stale in self.directory.glob("*.dirty.pt"):
+            stale.unlink(missing_ok=True)
 
     @property
     def directory(self) -> Path:
