@@ -80,7 +80,9 @@ def launch(program: list[str], work: Path, kill_at: int | None = None) -> str:
     for node in range(2):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
                "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}", *program]
-        node_env = env(OMP_NUM_THREADS="1", **{NODE_LOCAL_ENV: str(work / f"node{node}-shm")})
+        tmp = work / f"node{node}-tmp"  # torchrun's log directories and multiprocessing's go with the work directory
+        tmp.mkdir(exist_ok=True)
+        node_env = env(OMP_NUM_THREADS="1", TMPDIR=str(tmp), **{NODE_LOCAL_ENV: str(work / f"node{node}-shm")})
         procs.append(subprocess.Popen(cmd, env=node_env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, cwd=work, start_new_session=True))
     def read(proc: subprocess.Popen) -> None:  # both nodes at once: the iteration lines come from the last rank
