@@ -205,7 +205,8 @@ def checkpoint_need(trainer: Trainer, found: tuple[dict, str] | None) -> Checkpo
         count = min(count, kept + 1) if count else kept + 1
     each = params * CHECKPOINT_BYTES_PER_PARAMETER
     local = {}
-    if getattr(train, "local_save_interval", 0):  # a node's share, its replicas' on it, twice while one is written
+    if getattr(train, "trainer", None) == "megatron" and train.local_save_interval:  # the node's share, the replicas
+        # it holds, twice while one is written (other trainers take no local checkpoints)
         nodes = trainer.spec.cluster.nodes
         replicas = 1 if trainer.local_replication(nodes) else train.local_replicas
         local = {"local_path": trainer.spec.storage.local_checkpoints, "local_bytes": 2 * replicas * each // nodes}

@@ -53,7 +53,7 @@ from a4ray.runtime import ranks
 from a4ray.runtime.node_gpus import gpu_memory_freed, gpu_order, node_gpus
 from a4ray.runtime.netenv import LAUNCH_CONTRACT, EnvLayer, build_env, gib_layer, source_script
 from a4ray.runtime.notice import give_notice
-from a4ray.runtime.process import LAUNCH_ID_VAR, ManagedProcess, launch_processes, rank_processes
+from a4ray.runtime.process import LAUNCH_ID_VAR, ManagedProcess, launch_processes
 from a4ray.runtime.reaper import flight_recorder_pipes, make_flight_recorder_pipes, sweep_flight_recorder_pipes
 from a4ray.runtime.topology import NodeFacts
 from a4ray.spec.cluster import NetworkSpec, inductors_own
@@ -624,31 +624,27 @@ class NodeActor:
 
     # ------------------------------------------------------------------ forensics and probes
     def rank_processes(self) -> list[tuple[str, int]]:
-        """(rank, pid) of the launch's rank processes (`process.rank_processes`: RANK in their env, not a rank's
-        forked helper such as an async save's writer), else every Python process of the launch (labelled
-        n<node>:pid<pid>)."""
+        """(rank, pid) of every process of the launch with RANK in its env: the ranks and their helpers (a data-loader
+        worker, an async save's writer), which `flight.rank_labels` labels apart (a hang may sit in a helper); else
+        every Python process of the launch (labelled n<node>:pid<pid>). The notice goes to the ranks alone
+        (`process.rank_processes`)."""
         import psutil
 
         if self._process is None or self._process.pid is None or self._request is None:
             return []
-        procs = launch_processes(self._process.pid, self._process.launch_id)
-        ranked = []
-        for proc in rank_processes(procs):
+        ranked, python = [], []
+        for proc in launch_processes(self._process.pid, self._process.launch_id):
             try:
-                ranked.append((proc.environ()["RANK"], proc.pid))
-            except (psutil.Error, KeyError):
-                continue
-        if ranked:
-            return sorted(ranked, key=lambda rp: int(rp[0]))
-        python = []
-        for proc in procs:
-            try:
-                name, cmdline = proc.name(), " ".join(proc.cmdline())
+                env = proc.environ()
+                name = proc.name()
+                cmdline = " ".join(proc.cmdline())
             except psutil.Error:
                 continue
-            if name.startswith("python") and not any(launcher in cmdline for launcher in _RANK_LAUNCHERS):
+            if "RANK" in env and "LOCAL_RANK" in env:
+                ranked.append((env["RANK"], proc.pid))
+            elif name.startswith("python") and not any(launcher in cmdline for launcher in _RANK_LAUNCHERS):
                 python.append((f"n{self._request.node_rank}:pid{proc.pid}", proc.pid))
-        return python
+        return sorted(ranked, key=lambda rp: int(rp[0])) if ranked else python
 
     def stacks(self, timeout_s: float = 30) -> list[StackDump]:
         """py-spy dumps of every rank process of the launch, and of its helpers (labelled apart)."""

@@ -148,9 +148,7 @@ class TrainSpec(Spec):
                 if getattr(self, name) == "auto":
                     raise ValueError(f"train.{name}=auto: only a4ray's Megatron trainer (train.trainer=megatron) sets "
                                      f"its interval from the model; give the {self.trainer} trainer a number")
-            if self.local_save_interval:
-                raise ValueError(f"train.local_save_interval={self.local_save_interval}: local checkpoints are a4ray's "
-                                 f"Megatron trainer's (train.trainer=megatron); set 0 for the {self.trainer} trainer")
+
         if self.warmup_iterations >= self.iterations:
             raise ValueError(f"train.warmup_iterations={self.warmup_iterations} must be below train.iterations="
                              f"{self.iterations} (the learning rate decays over the iterations after warmup)")
