@@ -454,15 +454,14 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
         # A local save is made where one is due even beside a persistent one, which may not complete: a fault then
         # redoes at most one local interval. None where the run ends here: the persistent save is its last word.
         ends = done == args.train_iters or stop or noticed
+        ckpt_args.iteration, ckpt_args.consumed_train_samples = done, done * G  # what a save this iteration records
         if local_interval is not None and local_interval.due(done) and not ends:
-            ckpt_args.iteration, ckpt_args.consumed_train_samples = done, done * G
             blocked = save_local(done, local, module=module, optimizer=optimizer, scheduler=scheduler,
                                  ckpt_args=ckpt_args, use_dist_opt=model.ddp_config.use_distributed_optimizer,
                                  saves=saves)
             if chosen := local_interval.saved(done, blocked, pace):
                 say(chosen)
         if persistent.due(done) or ends:
-            ckpt_args.iteration, ckpt_args.consumed_train_samples = done, done * G
             # the run goes on after an interval's save only: the others are synchronous
             saved, blocked = save_checkpoint(
                 args, done, module=module, optimizer=optimizer, scheduler=scheduler, ckpt_args=ckpt_args,

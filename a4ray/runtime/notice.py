@@ -29,11 +29,10 @@ import argparse
 import re
 import signal
 import sys
-import time
 
 import psutil
 
-from a4ray.runtime.process import LAUNCH_ID_VAR, launch_processes, rank_processes
+from a4ray.runtime.process import LAUNCH_ID_VAR, launch_processes, rank_processes, wait_gone
 
 NOTICE_SIGNAL = signal.SIGUSR1
 NOTICE_EXIT_CODE = 75  # EX_TEMPFAIL: saved, ended, to be resumed
@@ -77,19 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         except psutil.Error:
             pass
     print(f"a4ray notice: {len(ranks)} rank(s) told to save and end (SIGUSR1)", flush=True)
-    deadline = time.monotonic() + args.grace_s
-    while (left := [p for p in ranks if _alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    left = wait_gone(ranks, args.grace_s)
     print(f"a4ray notice: {len(ranks) - len(left)} ended, {len(left)} still running after {args.grace_s:g}s"
           if left else f"a4ray notice: every rank ended", flush=True)
     return 0
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 if __name__ == "__main__":

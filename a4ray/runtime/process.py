@@ -98,7 +98,7 @@ def terminate_launch(pgid: int | None, launch_id: str | None, grace_s: float) ->
                 proc.send_signal(sig)
             except psutil.Error:
                 pass
-    alive = _wait_gone(procs, grace_s)
+    alive = wait_gone(procs, grace_s)
     # Children may have been forked after the first scan; look once more before the hard kill.
     alive = list({p.pid: p for p in alive + launch_processes(pgid, launch_id)}.values())
     for proc in alive:
@@ -106,11 +106,11 @@ def terminate_launch(pgid: int | None, launch_id: str | None, grace_s: float) ->
             proc.kill()
         except psutil.Error:
             pass
-    _wait_gone(alive, 5)
+    wait_gone(alive, 5)
     return len(procs)
 
 
-def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+def wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
     """Wait up to `timeout_s` for `procs` to end; returns those still running. Never reaps: psutil's own wait
     reaps a child of this process, and its Popen then reads the status as 0 (the launch stopped while it was
     exiting with the failed rank's code reported "exited with code 0")."""
