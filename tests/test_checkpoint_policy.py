@@ -67,3 +67,54 @@ def test_a_save_that_died_leaves_no_dirty_part_in_the_next_attempts_way(tmp_path
         assert sorted(p.name for p in again.directory.iterdir()) == ["iter_0000008_0_local.pt"]
     finally:
         dist.destroy_process_group()
+
+
+def test_the_failure_rate_is_the_workspaces_own_weighed_with_the_published_one(tmp_path):
+    """Meta's published rate counts as 1000 node-days of history (a Gamma prior): a young workspace moves it a
+    little, a long history decides it. Only the ends a node was blamed for count as failures; stragglers do not."""
+    from a4ray.core.node_history import PRIOR_NODE_DAYS, NodeHistory
+
+    history = NodeHistory(tmp_path)
+    assert history.failure_rate().per_1000_node_days == PUBLISHED_RATE
+    assert "no node time yet" in history.failure_rate().source
+
+    day = 86400.0
+    history.served({"a4-node-0": 10 * day, "a4-node-1": 10 * day}, run="r1")  # 20 node-days, no failure
+    history.add("a4-node-1", "straggler", run="r1", detail="slow")
+    young = history.failure_rate()
+    assert (young.failures, young.node_days) == (0, pytest.approx(20))
+    assert young.per_1000_node_days == pytest.approx(6.5 * PRIOR_NODE_DAYS / (PRIOR_NODE_DAYS + 20))
+    assert young.source == ("this workspace's node history, 0 node failures in 20 node-days, weighed with "
+                            "Meta's published 6.5 as 1000 node-days")
+
+    # 4000 node-days more and 40 failures (10 per 1000 node-days): the history outweighs the prior 4 to 1
+    history.served({f"a4-node-{i}": 1000 * day for i in range(4)}, run="r2")
+    for i in range(40):
+        history.add(f"a4-node-{i % 4}", "lost" if i % 2 else "hang-culprit", run="r2")
+    old = history.failure_rate()
+    assert (old.failures, old.node_days) == (40, pytest.approx(4020))
+    assert old.per_1000_node_days == pytest.approx((40 + 6.5) / (4020 + 1000) * 1000)
+    assert 9 < old.per_1000_node_days < 10
+    assert "_service" not in history.hosts()  # node time is not a host
+    assert "4,020 node-days" in old.source
+
+
+def test_an_auto_interval_takes_the_rate_from_the_workspaces_node_history(tmp_path, capsys):
+    """What the driver hands a4ray's Megatron trainer for `auto` intervals: the workspace's rate and where it comes
+    from (the trainer says both when it chooses, as test_pipeline's auto rerun reads)."""
+    from a4ray.core.node_history import NodeHistory
+    from a4ray.driver.main import main as pipeline_main
+
+    NodeHistory(tmp_path).served({"h0": 500 * 86400.0, "h1": 500 * 86400.0}, run="earlier")
+    NodeHistory(tmp_path).add("h0", "lost", run="earlier")
+    args = ["--dry-run", "--set", "train.trainer=megatron", "--set", f"storage.workspace={tmp_path}"]
+    assert pipeline_main("qwen3_next", [*args, "--set", "train.local_save_interval=auto"]) == 0
+    command = next(line for line in capsys.readouterr().out.splitlines() if " -m a4ray.mcore " in line)
+    rate = (1 + 6.5) / (1000 + 1000) * 1000
+    assert f"--failures-per-1000-node-days {rate:.4g} " in command
+    assert ("--failure-rate-source 'this workspace'\"'\"'s node history, 1 node failure in 1,000 node-days, "
+            "weighed with Meta'\"'\"'s published 6.5 as 1000 node-days'") in command
+
+    assert pipeline_main("qwen3_next", args) == 0  # fixed intervals: no rate to hand
+    command = next(line for line in capsys.readouterr().out.splitlines() if " -m a4ray.mcore " in line)
+    assert "--failures-per-1000-node-days" not in command

@@ -197,7 +197,12 @@ def test_the_retry_keeps_off_the_node_that_was_lost(local_cluster, tmp_path, cap
     assert rows[host].fix == f"`a4ray nodes forget {host}` once the node is repaired"
     assert [r.status for h, r in rows.items() if h != host] == ["ok", "ok"]
     assert cli_main(["nodes", "--workspace", str(history.dir.parent)]) == 0
-    assert f"{host}: 1 lost" in capfd.readouterr().out
+    out = capfd.readouterr().out
+    assert f"{host}: 1 lost" in out
+    # Both attempts' node time went into the history: the failure rate auto checkpoint intervals use counts it.
+    rate = history.failure_rate()
+    assert rate.failures == 1 and 0 < rate.node_days * 86400 < 600, rate
+    assert f"failure rate: {rate.per_1000_node_days:.3g} per 1000 node-days ({rate.source}); " in out
     assert cli_main(["nodes", "forget", host, "--workspace", str(history.dir.parent)]) == 0
     assert history.events(host) == []
 

@@ -35,6 +35,9 @@ def _show(args: argparse.Namespace) -> int:
         if args.verbose:
             for event in events:
                 print(f"    {event.line()}", flush=True)
+    rate = history.failure_rate()
+    print(f"failure rate: {rate.per_1000_node_days:.3g} per 1000 node-days ({rate.source}); auto checkpoint "
+          "intervals use it", flush=True)
     return 0
 
 

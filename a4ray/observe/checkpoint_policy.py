@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-PUBLISHED_RATE = 6.50  # failures per 1000 node-days: Meta's RSC-1 (RSC-2: 2.34)
+from a4ray.core.node_history import PUBLISHED_RATE  # noqa: F401 - the policy's default rate, where the history has none
 
 
 def best_interval_s(save_blocking_s: float, nodes: int, failures_per_1000_node_days: float) -> float:

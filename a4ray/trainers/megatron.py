@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 from a4ray.core.errors import UnsupportedModel
+from a4ray.core.node_history import NodeHistory
 from a4ray.mcore.architecture import Architecture
 from a4ray.mcore.checkpointing import TRACKER, newest_complete
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
@@ -95,6 +96,10 @@ class MegatronTrain(Trainer):
             args += ["--aux-loss-coeff", f"{m.aux_loss_coeff:g}"]
         if m.threads:
             args += ["--threads", str(m.threads)]
+        if "auto" in (t.save_interval, t.local_save_interval):  # dt* needs each node's failure rate
+            rate = NodeHistory(self.workspace).failure_rate()
+            args += ["--failures-per-1000-node-days", f"{rate.per_1000_node_days:.4g}",
+                     "--failure-rate-source", rate.source]
         return args
 
     def local_checkpoint_args(self, nnodes: int, gpus: int) -> list[str]:

@@ -149,6 +149,8 @@ class Workload(ABC, Generic[S]):
                     return result
                 attempts.append(stopwatch.record(attempt, result.gang.times, result.gang.failure_kind,
                                                  result.gang.failure))
+                history.served({n.host or n.hostname: n.duration_s for n in result.gang.nodes if n.duration_s},
+                               run=run_dir.id)
                 blamed = blamed_nodes(result.gang)
                 for host, (event, why) in blamed.items():
                     history.add(host, event, run=run_dir.id, detail=why)
