@@ -34,10 +34,12 @@ GKE_HOST_LABEL = "cloud.google.com/gce-topology-host"
 class TopologySpec(Spec):
     """How node ranks are ordered: by physical topology labels (falling back to IP), or by IP only."""
 
-    order: Literal["physical", "ip"] = "physical"
-    block_label: str = GKE_BLOCK_LABEL
-    subblock_label: str = GKE_SUBBLOCK_LABEL
-    host_label: str = GKE_HOST_LABEL
+    order: Literal["physical", "ip"] = Field(
+        "physical", description="physical: by block, subblock and host (the labels below), nodes without them by IP; "
+        "ip: by IP only")
+    block_label: str = Field(GKE_BLOCK_LABEL, description="the Ray node label naming a node's block")
+    subblock_label: str = Field(GKE_SUBBLOCK_LABEL, description="the Ray node label naming a node's subblock")
+    host_label: str = Field(GKE_HOST_LABEL, description="the Ray node label naming a node's physical host")
 
     @property
     def label_keys(self) -> tuple[str, str, str]:
@@ -47,9 +49,11 @@ class TopologySpec(Spec):
 class ClusterSpec(Spec):
     """The gang: `nodes` whole machines of `machine_type`, each with `gpus_per_node` GPUs."""
 
-    nodes: Integer = Field(2, gt=0, le=MAX_NODES)
-    gpus_per_node: Integer = Field(8, gt=0, le=MAX_GPUS_PER_NODE)
-    machine_type: str = Field("a4-highgpu-8g", pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=63)
+    nodes: Integer = Field(2, gt=0, le=MAX_NODES, description="whole machines that run the job (spares apart)")
+    gpus_per_node: Integer = Field(8, gt=0, le=MAX_GPUS_PER_NODE, description="GPUs of each node: one rank each")
+    machine_type: str = Field("a4-highgpu-8g", pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=63, description="the "
+                              "GCE machine type; also the Ray resource each such node advertises (1 per node), "
+                              "which the gang's placement asks for")
     cpus_per_node: Number = Field(1, gt=0, le=MAX_CPUS_PER_NODE,
                                   description="Ray CPUs the node actor reserves per node")
     spare_nodes: Integer = Field(
@@ -98,8 +102,11 @@ A4_NCCL_OVERRIDES = {
 class NetworkSpec(Spec):
     """NCCL networking. `gib: auto` sources the gIB script where a node has it and says where not."""
 
-    gib: Literal["on", "off", "auto"] = "auto"
-    gib_script: PathStr = "/usr/local/gib/scripts/set_nccl_env.sh"
+    gib: Literal["on", "off", "auto"] = Field(
+        "auto", description="on: source gib_script on every node, failing where a node lacks it; auto: where a node "
+        "has it; off: never")
+    gib_script: PathStr = Field("/usr/local/gib/scripts/set_nccl_env.sh",
+                                description="the gIB plugin's script that sets NCCL's environment, on the nodes")
     gib_overrides: EnvVars = Field(
         default_factory=lambda: dict(A4_NCCL_OVERRIDES),
         description="applied after the gIB script, only on nodes where gIB is used",

@@ -54,10 +54,14 @@ class SwiftConvertSpec(Spec):
 
 
 class ConvertSpec(Spec):
+    """HF -> Megatron-core conversion: the `convert` job's section, and a recipe's convert step."""
+
     input: PathStr = Field("", description="the HF checkpoint directory (config.json + safetensors)")
     output: PathStr = Field("", description="where conversions go, one directory per input/options; "
                         "default: <input>-to-mcore next to the input")
-    backend: Literal["native", "pai", "swift"] = "native"
+    backend: Literal["native", "pai", "swift"] = Field(
+        "native", description="native: a4ray's converter, Ray tasks across the nodes; pai: Pai-Megatron-Patch's "
+        "(convert.pai); swift: ms-swift's (convert.swift)")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field("auto", description="auto: the input's dtype")
     naming: Literal["te", "local"] = Field(
         "te", description="parameter names of Transformer-Engine layer specs (Pai, ms-swift) or mcore's local specs")
@@ -86,6 +90,8 @@ class ConvertSpec(Spec):
 
 @job_kind
 class ConvertJob(JobSpec):
+    """`a4ray convert -f`: convert a Hugging Face checkpoint to Megatron-core, cached and verified."""
+
     kind: Literal["convert"] = "convert"
     convert: ConvertSpec = ConvertSpec()
 

@@ -15,6 +15,8 @@ from a4ray.spec.mpi import FabricTestJob
 
 
 class DeepEPSpec(Spec):
+    """Which of DeepEP's tests run, from where, with what, and the bandwidth each must reach."""
+
     launcher: Literal["mpi", "direct"] = Field(
         "mpi", description="mpi: mpirun on node 0, one rank per node (the seeds' way); direct: each node "
         "actor starts the test itself",
@@ -65,5 +67,7 @@ class DeepEPSpec(Spec):
 
 @job_kind
 class DeepEPJob(FabricTestJob):
+    """DeepEP's own tests across the gang: intranode, low-latency and internode expert-parallel dispatch and combine."""
+
     kind: Literal["deepep_test"] = "deepep_test"
     deepep: DeepEPSpec = DeepEPSpec()

@@ -33,7 +33,7 @@ def job_kind(cls: type[JobSpec]) -> type[JobSpec]:
 
 
 class JobSpec(Spec):
-    kind: str
+    kind: str = Field(description="which job this is; picks the model the rest of the spec is read as")
     name: str = Field(
         "", pattern=r"^([a-z]([-a-z0-9]{0,38}[a-z0-9])?)?$",
         description="job name (DNS label, <= 40 chars); defaults to the kind",

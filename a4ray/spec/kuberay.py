@@ -55,8 +55,9 @@ class GibSpec(Spec):
     source: Literal["initcontainer", "hostpath"] = Field(
         "initcontainer", description="initcontainer: copy it from `image` into the pod (pins the version per "
         "job); hostpath: the node's copy installed by GKE's nccl-rdma-installer DaemonSet")
-    image: PinnedImage = "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.1"
-    host_path: AbsPath = "/home/kubernetes/bin/gib"
+    image: PinnedImage = Field("us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.1",
+                               description="initcontainer: the pinned image the plugin is copied from")
+    host_path: AbsPath = Field("/home/kubernetes/bin/gib", description="hostpath: where the node keeps the plugin")
     nvidia_host_path: AbsPath = Field("/home/kubernetes/bin/nvidia", description="GKE's NVIDIA driver libraries")
 
 
@@ -78,8 +79,8 @@ class RdmaSpec(Spec):
 class HeadSpec(Spec):
     """The Ray head: a CPU pod (no GPUs, no Ray work) hosting GCS, the dashboard and the job drivers."""
 
-    cpu: Quantity = "8"
-    memory: Quantity = "32Gi"
+    cpu: Quantity = Field("8", description="the head pod's CPU (request and limit)")
+    memory: Quantity = Field("32Gi", description="the head pod's memory (request and limit)")
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="e.g. {cloud.google.com/gke-nodepool: default-pool}; GPU nodes are "
         "tainted, so the head lands on a CPU pool without it")
@@ -88,7 +89,7 @@ class HeadSpec(Spec):
 class WorkerSpec(Spec):
     """The A4 worker group: one Ray worker pod per node, taking the whole machine."""
 
-    group: DnsLabel = "a4"
+    group: DnsLabel = Field("a4", description="the worker group's name (groupName)")
     cpu: Quantity = Field("200", description="a4-highgpu-8g has 224 vCPUs; leave room for system pods")
     memory: Quantity = Field("1800Gi", description="includes the memory-backed /dev/shm")
     ephemeral_storage: Quantity | None = None
@@ -103,7 +104,9 @@ class KueueSpec(Spec):
     queue: str = Field("", pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
                        description="LocalQueue name; empty: Kueue is not used")
     priority_class: str = Field("", description="WorkloadPriorityClass name (optional)")
-    topology: Literal["preferred", "required", "none"] = "preferred"
+    topology: Literal["preferred", "required", "none"] = Field(
+        "preferred", description="preferred or required: the gang's pods should or must share one `level` domain "
+        "(Kueue's podset topology request); none: no request")
     level: Literal["block", "subblock", "host", "hostname"] = Field(
         "block", description="the topology domain the gang's pods should (preferred) or must (required) share")
 
@@ -111,9 +114,9 @@ class KueueSpec(Spec):
 class SecretEnv(Spec):
     """An environment variable taken from a Kubernetes Secret (`secretKeyRef`): the value never leaves it."""
 
-    env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    secret: str = Field(pattern=_DNS_SUBDOMAIN, max_length=253)
-    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$")
+    env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="the variable's name in the Ray containers")
+    secret: str = Field(pattern=_DNS_SUBDOMAIN, max_length=253, description="the Secret's name")
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", description="the key of the value in the Secret")
     optional: bool = Field(False, description="start the pod without the variable if the Secret is missing")
 
 
@@ -124,7 +127,8 @@ def _default_secrets() -> list[SecretEnv]:
 class AuthSpec(Spec):
     """Ray token authentication (Ray >= 2.52) of the dashboard, job API and GCS."""
 
-    mode: Literal["token", "disabled"] = "token"
+    mode: Literal["token", "disabled"] = Field("token", description="token: every request needs the Ray token; "
+                                               "disabled: none does")
     via: Literal["auto", "operator", "env"] = Field(
         "auto", description="operator: KubeRay's authOptions (KubeRay >= 1.5.1); env: RAY_AUTH_MODE and the "
         "token from `secret` on every Ray container; auto: operator where the installed KubeRay has it")
@@ -136,7 +140,8 @@ class AuthSpec(Spec):
 class RayJobOptions(Spec):
     """RayJob-only settings (`a4ray render job`, `a4ray submit`)."""
 
-    submission_mode: Literal["K8sJobMode", "HTTPMode", "SidecarMode"] = "K8sJobMode"
+    submission_mode: Literal["K8sJobMode", "HTTPMode", "SidecarMode"] = Field(
+        "K8sJobMode", description="KubeRay's submissionMode: how the job's driver is started")
     ttl_s: Integer = Field(600, ge=0, le=MAX_SECONDS, description="keep the finished cluster this long (logs) before deleting it")
     active_deadline_s: Integer | None = Field(None, gt=0, le=MAX_SECONDS, description="fail the RayJob after this long")
     pre_running_deadline_s: Integer | None = Field(
@@ -158,9 +163,10 @@ class MonitoringSpec(Spec):
 
 
 class KubeRaySpec(Spec):
-    namespace: DnsLabel = "default"
+    namespace: DnsLabel = Field("default", description="the Kubernetes namespace of every object")
     image: str = Field("", description="the image built from docker/ (Ray, a4ray, launchers inside)")
-    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
+        "IfNotPresent", description="the Ray containers' imagePullPolicy")
     ray_version: str = Field("2.60.0", pattern=r"^\d+\.\d+\.\d+$", description="the Ray version in the image")
     launcher: AbsPath = Field("/opt/a4ray/launchers/ray-node.sh", description="pod entry script in the image")
     service_account: str = Field("", description="Kubernetes service account (Workload Identity for GCS)")
@@ -186,8 +192,8 @@ class KubeRaySpec(Spec):
 
 class _Volume(Spec):
     name: str = Field(pattern=_DNS_LABEL, max_length=24, description="short name; objects are named after it")
-    mount_path: AbsPath
-    read_only: bool = False
+    mount_path: AbsPath = Field(description="where every Ray pod mounts it")
+    read_only: bool = Field(False, description="mount it read-only")
 
 
 class FilestoreVolume(_Volume):

@@ -70,6 +70,8 @@ A4_THRESHOLDS: dict[str, dict[int, float]] = {
 
 
 class NcclTestSpec(Spec):
+    """The collectives measured, their sizes, and the bus bandwidth and transport they must show."""
+
     collectives: list[Collective] = Field(
         default_factory=lambda: list(COLLECTIVES), description="which collectives to measure, in this order"
     )
@@ -78,7 +80,7 @@ class NcclTestSpec(Spec):
     factor: Integer = Field(2, ge=2, le=1024, description="-f: size multiplier between rows")
     iters: PositiveInt = Field(5, description="-n: timed iterations per size")
     warmup: NonNegativeInt = Field(5, description="-w: untimed iterations before each size")
-    dtype: Literal["float", "half", "bfloat16"] = "float"
+    dtype: Literal["float", "half", "bfloat16"] = Field("float", description="-d: the data type")
     check: bool = Field(True, description="-c: check results (the #wrong column)")
     implementation: Literal["auto", "nccl-tests", "torch"] = Field(
         "auto", description="auto: nccl-tests where its binaries (the image's, else built: see build) and mpirun "
@@ -126,5 +128,7 @@ class NcclTestSpec(Spec):
 
 @job_kind
 class NcclTestJob(FabricTestJob):
+    """Is the network right? nccl-tests (or a torch benchmark) across the gang, with a verdict."""
+
     kind: Literal["nccl_test"] = "nccl_test"
     nccl: NcclTestSpec = NcclTestSpec()

@@ -38,7 +38,7 @@ class WatchdogSpec(Spec):
     others run is judged at once; finished ranks wait at most `exit_barrier_s` for the rest. Then restart (if the
     restart policy allows) or fail."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="false: no watchdog (a hung launch runs to timeout_s)")
     no_progress_s: Seconds | None = Field(1800, description="max time between iteration lines, whatever the pace "
                                           "or the evidence: the upper bound")
     pace_multiple: Number | None = Field(20, gt=0, le=1_000_000, description="a hang is no new iteration for this "
@@ -83,15 +83,19 @@ class RestartSpec(Spec):
     """Relaunch the gang (a new placement group, so a lost node is replaced by a free one) from the
     latest complete checkpoint, up to `max_restarts` times. Never after success or a config error."""
 
-    max_restarts: Integer = Field(0, ge=0, le=1000)
-    backoff_s: NonNegativeSeconds = 10
+    max_restarts: Integer = Field(0, ge=0, le=1000, description="relaunches after failures worth another attempt "
+                                  "(0: none)")
+    backoff_s: NonNegativeSeconds = Field(10, description="wait before each relaunch")
     warm_ranks: bool = Field(True, description="while an attempt trains, start the next attempt's ranks on each node "
                              "(torch imported, at the idle CPU class) so that a restart on the same gang skips their "
                              "cold start")
     retry_exit_codes: list[ExitCode] = Field(default_factory=list, description="always retried")
     never_exit_codes: list[ExitCode] = Field(default_factory=lambda: [2], description="never retried (2: usage error)")
-    retry_patterns: list[str] = Field(default_factory=lambda: list(RETRY_PATTERNS))
-    never_patterns: list[str] = Field(default_factory=lambda: list(NEVER_PATTERNS))
+    retry_patterns: list[str] = Field(default_factory=lambda: list(RETRY_PATTERNS), description="regular "
+                                      "expressions: a failure whose output matches one is retried")
+    never_patterns: list[str] = Field(default_factory=lambda: list(NEVER_PATTERNS), description="regular "
+                                      "expressions: a failure whose output matches one is never retried (checked "
+                                      "before retry_patterns)")
     unknown: Literal["retry-if-progressed", "retry", "fail"] = Field(
         "retry-if-progressed",
         description="other failures: retry only if this attempt got past an iteration (a crash before the "
@@ -105,7 +109,7 @@ class StragglerSpec(Spec):
     `min_slower_s`, for `windows` logging windows in a row is flagged a straggler (the Megatron trainer reports
     it; Pai's and ms-swift's loops do not)."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="false: no straggler check")
     threshold: Number = Field(0.15, gt=0, description="how much slower than the gang's median (0.15 = 15%)")
     min_slower_s: NonNegativeSeconds = Field(
         0.005, description="and by at least this much per step: a few ms of timer and launch jitter on a short step "
@@ -114,6 +118,8 @@ class StragglerSpec(Spec):
 
 
 class ObserveSpec(Spec):
+    """What watches a running job: progress summaries, the hang watchdog and the straggler check."""
+
     summary_every: PositiveInt = Field(10, description="print a progress summary every N iterations")
     seq_length: PositiveInt | None = Field(None, description="tokens per sample, to derive tokens/s")
     watchdog: WatchdogSpec = WatchdogSpec()

@@ -106,23 +106,24 @@ class TrainSpec(Spec):
     trainer: Literal["pai", "torch", "megatron"] = Field(
         "pai", description="pai: Pai-Megatron-Patch; megatron: a4ray's Megatron-core trainer; torch: the built-in "
         "Hugging Face/DDP trainer")
-    mode: Literal["pretrain", "sft"] = "pretrain"
+    mode: Literal["pretrain", "sft"] = Field("pretrain", description="pretrain on pretrain_data, or SFT (sft_data)")
     sft_data: Literal["json", "mmap"] = Field(
         "json", description="sft: the Alpaca JSON (Pai's MP_DATASET_TYPE=raw) or an SFT idxmap (train.sft_mmap)")
     model: PathStr = Field("", description="the Hugging Face checkpoint: the converter's input, the torch trainer's model")
     pretrain_data: PathStr = Field("datasets/qwen-mmap/mmap_qwen3_datasets_text_document",
                                description="Megatron indexed dataset prefix (.bin/.idx) for pretraining")
-    sft_json: PathStr = "datasets/alpaca/alpaca_zh-train-general.json"
-    sft_json_valid: PathStr = "datasets/alpaca/alpaca_zh-valid-general.json"
+    sft_json: PathStr = Field("datasets/alpaca/alpaca_zh-train-general.json", description="sft: the training JSON")
+    sft_json_valid: PathStr = Field("datasets/alpaca/alpaca_zh-valid-general.json",
+                                    description="sft: the validation JSON")
     sft_mmap: PathStr = Field("", description="SFT idxmap prefix (Pai's toolkits/sft_data_preprocessing output)")
-    micro_batch_size: PositiveInt = 1
+    micro_batch_size: PositiveInt = Field(1, description="samples per rank in one forward and backward pass")
     global_batch_size: PositiveInt | None = Field(None, description="default: micro_batch_size x data-parallel size")
-    lr: PositiveFloat = 1e-5
-    min_lr: Number = Field(1e-6, ge=0)
-    seq_len: PositiveInt = 1024
+    lr: PositiveFloat = Field(1e-5, description="the learning rate after warmup, decayed to min_lr")
+    min_lr: Number = Field(1e-6, ge=0, description="the learning rate at the end of the decay")
+    seq_len: PositiveInt = Field(1024, description="tokens per sample")
     iterations: PositiveInt = Field(100, description="training iterations (Pai pretraining takes tokens: a4ray "
                                     "passes iterations x global batch x seq_len)")
-    warmup_iterations: NonNegativeInt = 10
+    warmup_iterations: NonNegativeInt = Field(10, description="iterations the learning rate warms up over, to lr")
     save_interval: PositiveInt | Literal["auto"] = Field(
         1000, description="iterations between checkpoints; auto (megatron trainer): the interval Meta's ETTR model "
         "finds best, dt* = sqrt(2 w / (N r_f)), from each save's measured blocking time w, the N nodes and their failure "
@@ -174,7 +175,8 @@ class TrainSpec(Spec):
 
 
 class SwiftTrainSpec(Spec):
-    """ms-swift's `megatron rlhf --rlhf_type dpo` (a4ray/trainers/swift.py builds the flags for `version`)."""
+    """ms-swift's `megatron rlhf --rlhf_type dpo` (a4ray/trainers/swift.py builds the flags for `version`). A field
+    without a description is the ms-swift flag of its name (`moe_grouped_gemm: true`: `--moe_grouped_gemm true`)."""
 
     trainer: Literal["swift"] = "swift"
     version: str = Field("3.8.0", pattern=r"^\d+\.\d+(\.\d+)?$", description="the ms-swift version in the image: "
@@ -192,10 +194,11 @@ class SwiftTrainSpec(Spec):
     moe_aux_loss_coeff: Number = Field(1e-3, ge=0)
     micro_batch_size: PositiveInt = 1
     global_batch_size: PositiveInt = 4
-    recompute: Literal["full", "selective", "none"] = "full"
+    recompute: Literal["full", "selective", "none"] = Field("full", description="--recompute_granularity (none: not "
+                                                            "passed)")
     recompute_method: Literal["uniform", "block"] = "uniform"
     recompute_num_layers: PositiveInt = 1
-    epochs: PositiveInt = 1
+    epochs: PositiveInt = Field(1, description="--max_epochs (4.x: --num_train_epochs)")
     iterations: PositiveInt | None = Field(None, description="--train_iters (instead of whole epochs)")
     finetune: bool = True
     cross_entropy_loss_fusion: bool = True
@@ -203,10 +206,10 @@ class SwiftTrainSpec(Spec):
     lr_warmup_fraction: Number = Field(0.05, ge=0, lt=1)
     min_lr: Number = Field(1e-6, ge=0)
     output: PathStr = Field("megatron_output/Qwen3-30B-A3B-Instruct-2507", description="--save (3.x) / --output_dir (4.x)")
-    save_interval: PositiveInt = 200
-    eval_interval: PositiveInt = 200
+    save_interval: PositiveInt = Field(200, description="--save_interval (4.x: --save_steps)")
+    eval_interval: PositiveInt = Field(200, description="--eval_interval (4.x: --eval_steps)")
     max_length: PositiveInt = 8192
-    num_workers: PositiveInt = 8
+    num_workers: PositiveInt = Field(8, description="--num_workers (4.x: --dataloader_num_workers)")
     dataset_num_proc: PositiveInt = 8
     load_from_cache_file: bool = Field(
         True, description="--load_from_cache_file, passed on every version: reuse the preprocessed dataset in "
