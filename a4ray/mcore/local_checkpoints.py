@@ -8,25 +8,42 @@ other's parts; J = ranks per node puts each replica on another node), and megatr
 `MCoreTensorAwareStateDict` (the same sharded state dict the persistent torch_dist save writes, each rank's own
 tensors taken out of it).
 
-On the CPU, NVRx's replication moves tensors through `Tensor.cuda()` and `device="cuda"` buffers: it runs under
-`shims.CudaOnCpu`, which keeps them on the CPU (gloo sends CPU tensors). On GPUs it runs as written.
+An async save replicates in the background: NVRx's `save` exchanges the parts before it returns (training blocked
+for the whole transfer: 0.41 of a synchronous persistent save in benchmarks/checkpoint.py), so here the rank's
+background writer, once its own part's file is written, sends that file to the other ranks of its clique and writes
+theirs as they come (`_replicate_part`), over a gloo group of its own made through the run's TCPStore. Training
+blocks only for the state's copy; the replicas are NVRx's own files, byte for byte, and count as held only once
+renamed into place, so `find_latest` (at the save's finalization, on every rank) decides as before. A synchronous
+save replicates as NVRx does.
+
+On the CPU, NVRx's retrieval (and its synchronous replication) moves tensors through `Tensor.cuda()` and
+`device="cuda"` buffers: it runs under `shims.CudaOnCpu`, which keeps them on the CPU (gloo sends CPU tensors). On
+GPUs it runs as written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import functools
 import hashlib
+import os
 import shutil
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from nvidia_resiliency_ext.checkpointing.local.ckpt_managers.local_manager import LocalCheckpointManager
+from nvidia_resiliency_ext.checkpointing.local.replication.group_utils import parse_group_sequence
 from nvidia_resiliency_ext.checkpointing.local.replication.strategies import CliqueReplicationStrategy
 
 from a4ray.mcore import shims
 from a4ray.observe.stacks import ranges
 
 ALGO = "atomic"  # every rank writes all its tensors, replicated ones too: no exchange at save or load
+CHUNK_BYTES = 64 << 20  # a part's file goes to its replicas this much at a time (bounded memory in the writer)
+PERSISTED = "local_iter_{:07d}"  # a local checkpoint kept in the persistent directory at a stop with notice
+REPLICATION_TIMEOUT = datetime.timedelta(minutes=10)  # a clique member's writer that never comes fails the save
 
 
 class NodeCheckpointManager(LocalCheckpointManager):
@@ -35,9 +52,81 @@ class NodeCheckpointManager(LocalCheckpointManager):
     must be found by whichever rank runs there now. A node's ranks hold different parts, so their files never
     collide."""
 
+    def __init__(self, root: str, session_id: str, replication: tuple[int, int] | None):
+        """`replication`: (jump, factor) of NVRx's cliques, or None."""
+        strategy, self.clique = None, None
+        if replication:
+            strategy = CliqueReplicationStrategy.from_replication_params(*replication)  # its groups, every rank at once
+            self.clique = next(ranks for ranks in parse_group_sequence(*replication, dist.get_world_size())
+                               if dist.get_rank() in ranks)  # the ranks holding each other's parts, this one among them
+        super().__init__(root, session_id=session_id, repl_strategy=strategy)
+
     @property
     def local_ckpt_dir(self) -> Path:
         return Path(self.root_local_ckpt_dir) / self.session_id
+
+    def _cleanup(self, iteration: int) -> None:
+        """NVRx's cleanup of the parts older than `iteration`, by every rank of the node at once: a part another rank
+        removed first is gone, not an error."""
+        for part in self.local_ckpt_dir.glob(self._filename_from_template("*", "*", "*")):
+            if self._filename_to_id(part.name)[0] < iteration:
+                part.unlink(missing_ok=True)
+
+    def _cleanup_failed_save(self, iteration: int) -> None:
+        for part in self.local_ckpt_dir.glob(self._filename_from_template(iteration, "*", "*")):
+            part.unlink(missing_ok=True)
+
+    def save(self, state_dict, iteration: int, is_async: bool = False):
+        """NVRx's save; an async one with replication sends this rank's part to its clique from the background
+        writer, once written (see the module), instead of exchanging the parts before training goes on."""
+        if not (is_async and self.repl_strategy):
+            return super().save(state_dict, iteration, is_async)
+        strategy, self.repl_strategy = self.repl_strategy, None  # NVRx's save without its exchange...
+        try:
+            request = super().save(state_dict, iteration, is_async=True)
+        finally:
+            self.repl_strategy = strategy  # ...and its finalization's `find_latest` counting replicas again
+        write = functools.partial(_write_then_replicate, request.async_fn, self._local_ckpt_path_from_id,
+                                  self._ckpt_id(iteration), self.clique)
+        return request._replace(async_fn=write)
+
+
+def _write_then_replicate(write, path_of, own: tuple, clique: list[int], id_to_state_dict: dict) -> None:
+    """The background writer of an async replicated save: NVRx's write of this rank's part, then the exchange."""
+    write(id_to_state_dict)
+    _replicate_part(path_of, own, clique)
+
+
+def _replicate_part(path_of, own: tuple, clique: list[int]) -> None:
+    """Send this rank's part file to the other ranks of its clique and write each of theirs beside it (`.dirty`,
+    then renamed: a replica counts as held only once whole). A writer is a forked process: the trainer's process
+    groups are not its to use, so it makes a gloo group of the clique's writers through a client of the run's
+    TCPStore (rank 0 hosts it on MASTER_PORT), keyed by the session, the iteration and the clique."""
+    iteration, rank, session = own
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # a node's ranks are consecutive, and share its directory
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=REPLICATION_TIMEOUT)
+    prefix = f"a4ray-local-replication/{session}/{iteration}/{'-'.join(map(str, clique))}"
+    group = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), clique.index(rank), len(clique),
+                                  REPLICATION_TIMEOUT)
+    for root, holder in enumerate(clique):
+        part = path_of((iteration, holder, session), False)
+        size = torch.tensor([part.stat().st_size if holder == rank else 0], dtype=torch.int64)
+        group.broadcast(size, root).wait()
+        # This rank sends its own part; it keeps another node's; a part of its own node is there already.
+        keep = holder != rank and holder // per_node != rank // per_node
+        with contextlib.ExitStack() as files:
+            source = files.enter_context(open(part, "rb")) if holder == rank else None
+            target = files.enter_context(open(path_of((iteration, holder, session), True), "wb")) if keep else None
+            for start in range(0, int(size), CHUNK_BYTES):
+                chunk = torch.empty(min(CHUNK_BYTES, int(size) - start), dtype=torch.uint8)
+                if source:
+                    source.readinto(memoryview(chunk.numpy()))
+                group.broadcast(chunk, root).wait()
+                if target:
+                    target.write(memoryview(chunk.numpy()))
+        if keep:
+            path_of((iteration, holder, session), True).rename(part)
 
 
 def _device_literals():
@@ -53,11 +142,10 @@ class LocalCheckpoints:
             raise ValueError(f"--replication-jump {replication_jump} x --replication-factor {replication_factor} must "
                              f"divide the world size {world} (NVRx's CliqueReplicationStrategy)")
         self.replication = (replication_jump, replication_factor) if replication_factor > 1 else None
-        strategy = CliqueReplicationStrategy.from_replication_params(replication_jump, replication_factor) \
-            if self.replication else None
-        self.session = hashlib.sha256(str(Path(save).resolve()).encode()).hexdigest()[:12]
+        self.persistent_dir = Path(save).resolve()
+        self.session = hashlib.sha256(str(self.persistent_dir).encode()).hexdigest()[:12]
         self.root = Path(root)
-        self.manager = NodeCheckpointManager(str(self.root), session_id=self.session, repl_strategy=strategy)
+        self.manager = NodeCheckpointManager(str(self.root), self.session, self.replication)
         # A save that died (a rank killed while writing) left its `.dirty` file: the next attempt reaching the same
         # iteration would find it in its way (NVRx creates it exclusively). Nothing of the node writes yet.
         for stale in self.directory.glob("*.dirty.pt"):
@@ -110,9 +198,54 @@ class LocalCheckpoints:
         return "; ".join(f"rank {rank}'s part from the replica on rank(s) {ranges(holders)}"
                          for rank, holders in fetched.items()) + " (their own storage has none); the others' from their own"
 
+    def part(self, iteration: int) -> Path:
+        """This rank's own part of `iteration`, in its node's storage."""
+        return self.manager._local_ckpt_path_from_id((iteration, dist.get_rank(), self.session))
+
+    def persist(self, iteration: int) -> Path:
+        """Copy every rank's own part of `iteration` (complete: `newest()`) into the run's persistent checkpoint
+        directory, `local_iter_NNNNNNN/` (whole or not there: written as a dot-directory, renamed by rank 0 once
+        every rank's copy is in); every rank at once. A stop with notice whose full save would not fit its grace
+        period keeps this instead."""
+        rank, final = dist.get_rank(), self.persistent_dir / PERSISTED.format(iteration)
+        tmp = final.with_name(f".{final.name}.tmp")
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        shutil.copyfile(self.part(iteration), tmp / self.part(iteration).name)
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+        dist.barrier()
+        return final
+
+    def adopt_persisted(self, newer_than: int | None) -> int | None:
+        """Where the persistent checkpoint directory holds a persisted local checkpoint (`persist`) newer than
+        `newer_than` (the newest persistent one), copy this rank's part of it into its node's storage, where
+        `newest()` and `load()` find it on whichever nodes the run has now; returns its iteration."""
+        found = sorted(self.persistent_dir.glob(PERSISTED.format(0).replace("0000000", "[0-9]" * 7)))
+        if not found:
+            return None
+        iteration = int(found[-1].name.rsplit("_", 1)[1])
+        if newer_than is not None and iteration <= newer_than:
+            return None
+        own = self.part(iteration)
+        if not own.exists():
+            self.directory.mkdir(parents=True, exist_ok=True)
+            staged = own.with_name(own.name + ".adopting")  # not a part until whole
+            shutil.copyfile(found[-1] / own.name, staged)
+            staged.rename(own)
+        return iteration
+
     def remove(self) -> None:
-        """The node's local checkpoints of the run (it ended with a persistent one); every rank at once."""
+        """The node's local checkpoints of the run (it ended with a persistent one), and any persisted at a stop
+        with notice; every rank at once."""
         dist.barrier()  # no rank of the node still reads them
         shutil.rmtree(self.directory, ignore_errors=True)
+        if dist.get_rank() == 0:
+            for persisted in self.persistent_dir.glob(PERSISTED.format(0).replace("0000000", "*")):
+                shutil.rmtree(persisted, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.root.rmdir()  # a4ray-local-checkpoints itself, once no run of the node has any

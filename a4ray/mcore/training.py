@@ -21,7 +21,9 @@ config (`parse_args`) -> build (`setup`, `build`) -> `train`:
   --save-interval iterations and at the end (`checkpointing.save`, Megatron-LM's torch_dist layout); at
   the end one `A4RAY_RESULT {...}` record (trainer "megatron") from the last rank.
 * notice (--exit-signal-handler): on --exit-signal every rank saves at the iteration it reached and ends
-  (`Notice`; a4ray's stop with notice, runtime/notice.py).
+  (`Notice`; a4ray's stop with notice, runtime/notice.py); where that save would not finish within
+  --notice-grace-s, the newest local checkpoint is copied to --save instead (`persist_local_instead`), and a
+  rerun resumes from it.
 """
 
 from __future__ import annotations
@@ -120,6 +122,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tensorboard-dir", help="TensorBoard scalars (default: <save>/../tensorboard)")
     p.add_argument("--exit-interval", type=int, default=0,
                    help="save and stop after an iteration divisible by this (Megatron-LM's --exit-interval)")
+    p.add_argument("--notice-grace-s", type=float, default=0,
+                   help="the time a notice gives (0: unknown): where a full save would not finish in what is left of "
+                        "it, the newest local checkpoint is copied to --save instead")
     p.add_argument("--exit-signal-handler", action="store_true",
                    help="on --exit-signal every rank finishes its iteration, saves a checkpoint at it and ends "
                         "(Megatron-LM's --exit-signal-handler): a stop with notice loses no iteration")
@@ -239,7 +244,12 @@ def load_weights(args: argparse.Namespace, arch, naming: str, module, optimizer,
     for skipped, why in checkpointing.incomplete_after(save, resume):
         say(f"not loading checkpoint iteration {skipped}: {why}; "
             + (f"the newest complete one is iteration {resume}" if resume is not None else "no complete one"))
-    newest_local = local.newest() if local is not None else None
+    newest_local = None
+    if local is not None:
+        if (kept := local.adopt_persisted(newer_than=resume)) is not None:
+            say(f"local checkpoint iteration {kept}: persisted at a stop with notice; each rank's part copied to its "
+                f"node's storage")
+        newest_local = local.newest()
     if resume_from(resume, newest_local)[0] == "local":
         say(f"busy: loading local checkpoint iteration {newest_local}")
         t0 = time.perf_counter()
@@ -376,12 +386,25 @@ class Notice:
 
     def __init__(self, name: str, device: torch.device):
         self.name = name
-        self.received = False
+        self.received_at: float | None = None  # time.monotonic() when it came
         self.flag = torch.zeros(1, dtype=torch.int32, device=device)
         signal.signal(getattr(signal, name), self._on_signal)
 
+    @property
+    def received(self) -> bool:
+        return self.received_at is not None
+
     def _on_signal(self, _signum, _frame) -> None:
-        self.received = True
+        if self.received_at is None:
+            self.received_at = time.monotonic()
+
+    def time_left(self, grace_s: float, full_save_s: float) -> tuple[float, float]:
+        """(seconds of the grace period left, the full save's estimate), the same on every rank: from the rank the
+        notice reached first, and the slowest rank's last save."""
+        elapsed = time.monotonic() - self.received_at if self.received_at is not None else 0.0
+        costs = torch.tensor([elapsed, full_save_s], dtype=torch.float64, device=self.flag.device)
+        dist.all_reduce(costs, op=dist.ReduceOp.MAX)
+        return grace_s - costs[0].item(), costs[1].item()
 
     def agreed(self) -> bool:
         self.flag.fill_(int(self.received))
@@ -413,6 +436,7 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
         if local is not None else None
     saves = checkpointing.AsyncSaves() if args.async_save else None
     noticed = False
+    full_save = SaveCost()
     for iteration in range(start, args.train_iters):
         t0 = time.perf_counter()
         compute.start()
@@ -449,7 +473,7 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
         stop = bool(args.exit_interval) and done % args.exit_interval == 0 and done < args.train_iters
         noticed = notice is not None and notice.agreed() and done < args.train_iters
         if saves is not None:
-            report_finished(saves, blocking=False)
+            full_save.finished(report_finished(saves, blocking=False))
         pace = sorted(step_times[-20:])[len(step_times[-20:]) // 2]  # the median step of late
         # A local save is made where one is due even beside a persistent one, which may not complete: a fault then
         # redoes at most one local interval. None where the run ends here: the persistent save is its last word.
@@ -461,12 +485,14 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
                                  saves=saves)
             if chosen := local_interval.saved(done, blocked, pace):
                 say(chosen)
-        if persistent.due(done) or ends:
+        kept_local = noticed and persist_local_instead(args, notice, local, saves, full_save)
+        if (persistent.due(done) or ends) and not kept_local:
             # the run goes on after an interval's save only: the others are synchronous
             saved, blocked = save_checkpoint(
                 args, done, module=module, optimizer=optimizer, scheduler=scheduler, ckpt_args=ckpt_args,
                 use_dist_opt=model.ddp_config.use_distributed_optimizer, saves=saves, background=not ends,
                 noticed=noticed)
+            full_save.saved(blocked, background=not ends and saves is not None)
             if (chosen := persistent.saved(done, blocked, pace)) and not ends:
                 say(chosen)
         if noticed:
@@ -478,6 +504,51 @@ def train(args: argparse.Namespace, *, module, model, optimizer, scheduler, batc
     scalars.close()
     return {"losses": losses, "step_times": step_times, "checkpoint": str(saved) if saved else None,
             "noticed": noticed}
+
+
+class SaveCost:
+    """What a full (persistent) save of this run takes, as last measured: a synchronous one's blocking time, an
+    async one's blocking and background time together. None before the first."""
+
+    def __init__(self) -> None:
+        self.seconds: float | None = None
+        self._blocked = 0.0  # the async save in flight blocked this long
+
+    def saved(self, blocked: float, background: bool) -> None:
+        if background:
+            self._blocked = blocked
+        else:
+            self.seconds = blocked
+
+    def finished(self, done: list[tuple[int, float, str]]) -> None:
+        for _, written, kind in done:
+            if kind == "persistent":
+                self.seconds = self._blocked + written
+
+
+def persist_local_instead(args: argparse.Namespace, notice: Notice, local: LocalCheckpoints | None,
+                          saves: checkpointing.AsyncSaves | None, full_save: SaveCost) -> bool:
+    """On notice, where a full save would not finish within what is left of the grace period (--notice-grace-s,
+    against the last measured save): copy the newest local checkpoint to --save instead, if it is newer than the
+    newest persistent one (every rank at once). Returns whether it did; False: the full save is made."""
+    if local is None or not args.notice_grace_s or full_save.seconds is None:
+        return False
+    if saves is not None:
+        full_save.finished(report_finished(saves, blocking=True))  # a local save in flight may be the newest
+    left, estimate = notice.time_left(args.notice_grace_s, full_save.seconds)
+    if estimate <= left:
+        return False
+    newest, persistent = local.newest(), checkpointing.newest_complete(Path(args.save).resolve())
+    why = (f"a full save takes ~{estimate:.1f}s (the last one) and {max(left, 0):.1f}s of the {args.notice_grace_s:g}s "
+           f"grace period are left")
+    if newest is None or (persistent is not None and newest <= persistent):
+        say(f"{why}, but no local checkpoint is newer than the persistent one: saving in full all the same")
+        return False
+    t0 = time.perf_counter()
+    where = local.persist(newest)
+    say(f"persisted local checkpoint iteration {newest} on notice ({notice.name}) to {where} in "
+        f"{time.perf_counter() - t0:.2f}s: {why}")
+    return True
 
 
 def save_checkpoint(args: argparse.Namespace, done: int, *, module, optimizer, scheduler, ckpt_args, use_dist_opt: bool,
@@ -524,11 +595,14 @@ def save_local(done: int, local: LocalCheckpoints, *, module, optimizer, schedul
     return blocked
 
 
-def report_finished(saves: checkpointing.AsyncSaves, blocking: bool) -> None:
-    """Finalize the async saves whose writers have ended on every rank (every rank calls it at the same point)."""
-    for iteration, seconds, kind in saves.finish(blocking):
+def report_finished(saves: checkpointing.AsyncSaves, blocking: bool) -> list[tuple[int, float, str]]:
+    """Finalize the async saves whose writers have ended on every rank (every rank calls it at the same point);
+    returns them, as `AsyncSaves.finish`."""
+    done = saves.finish(blocking)
+    for iteration, seconds, kind in done:
         say(f"{'local ' if kind == 'local' else ''}checkpoint iteration {iteration} complete: written in the "
             f"background in {seconds:.2f}s; the newest to resume from")
+    return done
 
 
 def tensorboard_dir(args: argparse.Namespace) -> Path:

@@ -11,6 +11,10 @@ peer never reaches the end of its iteration to act on a flag; SIGTERM keeps endi
 a handler ends on SIGUSR1 too, its default action). Only the ranks' own processes get it: their forked helpers (a
 data-loader worker, an async save's writer) inherit RANK but not the handler's purpose.
 
+Where a full save would not finish within the grace period (the trainer's last measured save against the time left),
+the trainer copies its newest local checkpoint to shared storage instead, if it is newer than the newest persistent
+one: fewer iterations are kept, but some are, where the full save would have been cut off.
+
 `SAVED_ON_NOTICE` is the line the trainer prints once the checkpoint is complete; the supervisor takes the
 iteration from it as the run's evidence. The trainer then ends with `NOTICE_EXIT_CODE`, so that a notice no cancel
 asked for (below) reads as what it is, not as a run that finished.
@@ -36,8 +40,9 @@ from a4ray.runtime.process import LAUNCH_ID_VAR, launch_processes, rank_processe
 
 NOTICE_SIGNAL = signal.SIGUSR1
 NOTICE_EXIT_CODE = 75  # EX_TEMPFAIL: saved, ended, to be resumed
-# a4ray.mcore's words ("saved checkpoint iteration 7 on notice (SIGUSR1) to <dir> in 0.31s")
-SAVED_ON_NOTICE = re.compile(r"saved checkpoint iteration (\d+) on notice")
+# a4ray.mcore's words: "saved checkpoint iteration 7 on notice (SIGUSR1) to <dir> in 0.31s", or, where a full save
+# would not finish within the grace period, "persisted local checkpoint iteration 5 on notice (SIGUSR1) to <dir> ..."
+SAVED_ON_NOTICE = re.compile(r"(?:saved|persisted local) checkpoint iteration (\d+) on notice")
 
 
 def give_notice(pgid: int, launch_id: str) -> int:

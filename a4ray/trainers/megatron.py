@@ -85,7 +85,8 @@ class MegatronTrain(Trainer):
                 "--ep", str(par.ep), "--etp", str(par.etp), "--distributed-optimizer", m.distributed_optimizer,
                 "--naming", m.layers, "--save-interval", str(t.save_interval), "--keep", str(m.keep_checkpoints),
                 "--log-interval", str(t.log_interval), "--seed", str(m.seed), "--backend", m.backend,
-                "--precision", m.precision, "--exit-signal-handler", "--exit-signal", NOTICE_SIGNAL.name]
+                "--precision", m.precision, "--exit-signal-handler", "--exit-signal", NOTICE_SIGNAL.name,
+                "--notice-grace-s", f"{self.spec.cluster.notice_grace_s:g}"]
         if m.check_save:
             args.append("--check-save")
         if m.async_save:
