@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := openmpi-bin libopenmpi-dev shellcheck prometheus chromium
 
-.PHONY: install system-deps swift-envs rehearsal rehearsal-stage test test-quick kuberay
+.PHONY: install system-deps swift-envs rehearsal rehearsal-stage test test-quick kuberay docs
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -67,3 +67,9 @@ kuberay: install
 	grep -v '^#' kuberay/manifests.txt | while IFS= read -r line; do \
 	  file=$${line%%:*}; args=$${line#*: }; what=$${args%% *}; rest=$${args#* }; \
 	  eval "$(PY) -m a4ray.cli render $$what -o kuberay/$$file $$rest" || exit 1; done
+
+# The docs site: the reference pages regenerated from the code (docs/gen_reference.py), then the site built into
+# site/, strictly (a broken link fails it; tests/test_docs.py holds both). `$(VENV)/bin/mkdocs serve` shows it live.
+docs: install
+	$(PY) docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict

@@ -207,7 +207,12 @@ def test_a_browser_gets_in_with_the_token_and_finds_the_runs_and_node_actors(das
     assert f"{DDP} (ddp_test)" in pages["jobs"] and dash["ddp_run"] in pages["jobs"], pages["jobs"][:3000]
     for rank in (0, 1):
         assert f"{dash['ddp_run']}-ddp_test-n{rank}" in pages["actors"], pages["actors"][:3000]
-    # The screenshots stay in tmp_path where this test fails (pytest keeps a failed test's directory), to look at.
+    # The screenshots stay in tmp_path where this test fails (pytest keeps a failed test's directory), to look at;
+    # A4RAY_DOCS_SCREENSHOTS=DIR keeps them for the docs too (docs/img/dashboard-jobs.png: see docs/figures.py).
+    docs = os.environ.get("A4RAY_DOCS_SCREENSHOTS")
+    if docs:
+        for page in ("jobs", "actors"):
+            shutil.copyfile(tmp_path / f"{page}.png", Path(docs) / f"dashboard-{page}.png")
 
 
 # ------------------------------------------------------------------------------------- the dashboard's APIs

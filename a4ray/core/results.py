@@ -23,9 +23,9 @@ RESULT_TYPES: dict[str, type[Result]] = {}
 
 
 class Result(BaseModel):
-    kind: str
-    ok: bool
-    verdict: str
+    kind: str  # the job kind (a pipeline step's own: the trainer's name for the train step)
+    ok: bool  # it passed
+    verdict: str  # one line: PASS or FAIL (OK or FAILED for a pipeline), and why
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:

@@ -121,11 +121,14 @@ def add_options(parser: argparse.ArgumentParser, command: Command) -> argparse.A
     return parser
 
 
+def entry_parser(name: str, *, description: str | None = None) -> argparse.ArgumentParser:
+    """The parser of `python -m a4ray.<name>`: every job's options, then the command's own."""
+    return add_options(argparse.ArgumentParser(prog=f"python -m a4ray.{name}", description=description), COMMANDS[name])
+
+
 def main(name: str, argv: list[str] | None = None, *, description: str | None = None) -> int:
     """`python -m a4ray.<name>`."""
-    command = COMMANDS[name]
-    parser = add_options(argparse.ArgumentParser(prog=f"python -m a4ray.{name}", description=description), command)
-    return run_command(command, parser.parse_args(argv))
+    return run_command(COMMANDS[name], entry_parser(name, description=description).parse_args(argv))
 
 
 def run_command(command: Command, args: argparse.Namespace) -> int:
