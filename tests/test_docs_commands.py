@@ -698,7 +698,8 @@ def test_the_image_a4_md_runs_is_one_cloud_build_pushes():
     build = yaml.safe_load((REPO / "docker" / "cloudbuild.yml").read_text())
     pushed = {image.replace("${_ARTIFACT_REGISTRY}", registry).replace("${_TAG}", build["substitutions"]["_TAG"])
               for image in build["images"]}
-    images = re.findall(r"^\s+image: (\S+)", a4, re.M)
+    images = re.findall(r"^\s+image: (\S+)|kuberay\.image=(\S+)", a4, re.M)
+    images = [a or b for a, b in images]
     assert images and set(images) <= pushed, (images, pushed)
 
 
