@@ -1,7 +1,7 @@
 """Supervising one launch of a gang: every node's lines streamed to the driver with its node and rank (what
-`observe/stream.py` lets through: each library warning once, no raw iteration or result lines; the logs keep
-everything), and the launch ended on the first failure (a non-zero exit, a lost node), a hang, its timeout
-or a cancel. Once it stops the nodes, their last lines go to the logs only.
+`observe/stream.py` lets through: each library warning once, a line several ranks print once with their ranks, no
+raw iteration or result lines; the logs keep everything), and the launch ended on the first failure (a non-zero
+exit, a lost node), a hang, its timeout or a cancel. Once it stops the nodes, their last lines go to the logs only.
 
 The gang (`gang.py`) places the nodes and starts their commands; it hands the running launch to a
 `Supervisor`, which watches until every command has ended or one ended it, stops the nodes still running
@@ -114,6 +114,8 @@ class Supervisor:
         self.log_dir = log_dir
         self.tags = tags
         self.stream = stream.for_run(tags[1])  # warnings shown in earlier launches of the run stay shown
+        self.lines = stream.RankLines(self.stream, ranks=sum(self.nproc), nodes=len(members),
+                                      every_rank=observe.rank_lines == "all")
         self.cursors = {rank: 0 for rank in range(len(members))}
         self.finished: set[int] = set()  # nodes whose command has ended and handed out every line
         self.rank_tails: dict[tuple[int, int], list[str]] = {}
@@ -152,16 +154,18 @@ class Supervisor:
                 self._rank_ended(ended[0], ended[2], ended[3])  # the launcher's word: kept in the logs, judged
                 tail.append(line.text)
                 continue
+            global_rank = None if line.local_rank is None else self.first_rank[rank] + line.local_rank
             if line.local_rank is not None:
-                who = f"n{node} r{self.first_rank[rank] + line.local_rank}"
+                who = f"n{node} r{global_rank}"
                 rank_tail = self.rank_tails.setdefault((rank, line.local_rank), [])
                 rank_tail.append(line.text)
                 del rank_tail[:-LAST_LINES]
             else:
                 who = f"n{node}"
-            shown = self.stream.show(who, line.text, progress=line.progress is not None)
-            if shown and not self.stopping:
-                print(f"[{who}] {line.text}", flush=True)
+            if self.stopping:  # judged as ever (the watchdog's news), not shown
+                shown = self.stream.show(who, line.text, progress=line.progress is not None)
+            else:
+                shown = self.lines.add(who, line.text, rank=global_rank, node=node, progress=line.progress is not None)
             news = news or (shown and not _TORCH_NOISE.search(line.text))
             for observer in self.observers:
                 observer(rank, line)
@@ -200,6 +204,7 @@ class Supervisor:
         if self.stream_closed:
             return
         self.stream_closed = True
+        self.lines.flush()
         last = self.last_progress
         if last is not None and last.iteration != self.last_summary_iteration:
             self._summarize(last)
@@ -324,6 +329,8 @@ class Supervisor:
             # Standby nodes never end by themselves: the launch is over when every command has ended.
             while any(rank not in self.standby for rank in pending.values()):
                 wait_s = 1.0 if self.deadline is None else max(0.0, min(1.0, self.deadline - time.monotonic()))
+                held = self.lines.due()  # rank lines that waited for their copies from other ranks long enough
+                wait_s = wait_s if held is None else min(wait_s, held)
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
                 for ref in ready:
                     rank = pending.pop(ref)

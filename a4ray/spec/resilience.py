@@ -122,6 +122,9 @@ class ObserveSpec(Spec):
 
     summary_every: PositiveInt = Field(10, description="print a progress summary every N iterations")
     seq_length: PositiveInt | None = Field(None, description="tokens per sample, to derive tokens/s")
+    rank_lines: Literal["once", "all"] = Field(
+        "once", description="the stream's lines that several ranks print: 'once', each line once with the ranks that "
+        "printed it ([ranks 0-3] line); 'all', every rank's copy, each with its rank. The rank logs keep every copy")
     watchdog: WatchdogSpec = WatchdogSpec()
     straggler: StragglerSpec = StragglerSpec()
 
