@@ -30,7 +30,9 @@ def _spec(tmp_path: Path, workload: str) -> dict:
             "storage": {"local_workspace": str(tmp_path / "ws")}}
     if workload == "training":  # ranks under a4ray's launcher (torchrun's contract), a loss every 0.3 s
         (tmp_path / "train.py").write_text(TRAIN)
-        return {"kind": "command", "command": {"argv": [str(tmp_path / "train.py")], "torchrun": True}, **spec}
+        # observe.rank_lines=all: each rank's own copy of the line, so the driver's stream shows every node's ranks run
+        return {"kind": "command", "command": {"argv": [str(tmp_path / "train.py")], "torchrun": True},
+                "observe": {"rank_lines": "all"}, **spec}
     bindir = tmp_path / "nccl-tests"  # nccl-tests under mpirun: node 0 runs mpirun, node 1 an orted
     bindir.mkdir()
     binary = bindir / "all_reduce_perf"
