@@ -358,3 +358,24 @@ def test_status_lists_clusters_and_jobs(kube, capsys):
         "group": "ray.io", "version": "v1", "namespace": "team-a", "plural": "rayclusters",
         "label_selector": "app.kubernetes.io/managed-by=a4ray"})
     assert cli(["status", "nothing-here"]) == 1
+
+
+def test_ctrl_c_while_following_a_jobs_logs_stops_the_following_not_the_job():
+    """Ctrl-C during `a4ray submit` / `a4ray logs --follow` ends the following, without a traceback; the job goes on,
+    as after `ray job submit`'s Ctrl-C: follow_logs says so by returning no final status (the commands then print
+    how to follow it again and how to stop it, exit code 130). Ray's JobSubmissionClient raises KeyboardInterrupt
+    out of its log tail; a client doing the same stands in for a job head here."""
+
+    class Client:
+        async def tail_job_logs(self, job_id):
+            yield "step 1\n"
+            raise KeyboardInterrupt
+
+        def get_job_status(self, job_id):
+            raise AssertionError("a job still running has no final status")
+
+    seen = []
+    assert kc.follow_logs(Client(), "raysubmit_1", seen.append) is None
+    assert seen == ["step 1\n"]
+    assert commands._detached("raysubmit_1", "a4ray logs a4 --job-id raysubmit_1 --follow",
+                                   "ray job stop raysubmit_1") == 130

@@ -284,6 +284,9 @@ def _submit(args: argparse.Namespace) -> int:
             if args.no_follow:
                 return 0
             final = follow_logs(client, job_id, lambda text: print(text, end="", flush=True))
+        if final is None:
+            return _detached(job_id, f"a4ray logs {args.cluster} --job-id {job_id} --follow",
+                             f"ray job stop {job_id} (through the dashboard, as ray job submit reaches it)")
         say(f"job {job_id}: {final}")
         return 0 if final == "SUCCEEDED" else 1
     if args.dry_run:
@@ -305,6 +308,12 @@ def _submit(args: argparse.Namespace) -> int:
     return _follow_rayjob(kube, name, namespace, args.timeout)
 
 
+def _detached(job: str, follow: str, stop: str) -> int:
+    """Ctrl-C while following a job's logs: the job goes on; say how to follow it again and how to stop it."""
+    say(f"stopped following {job}; it goes on: `{follow}` follows it again, `{stop}` stops it")
+    return 130  # the shell's code for an end by SIGINT
+
+
 def _follow_rayjob(kube, name: str, namespace: str, timeout_s: float) -> int:
     from a4ray.k8s.client import dashboard, follow_logs
 
@@ -315,6 +324,8 @@ def _follow_rayjob(kube, name: str, namespace: str, timeout_s: float) -> int:
         return 0 if status.get("jobStatus") == "SUCCEEDED" else 1
     with dashboard(kube, status["rayClusterName"], namespace) as (client, _):
         final = follow_logs(client, status["jobId"], lambda text: print(text, end="", flush=True))
+    if final is None:
+        return _detached(f"RayJob {namespace}/{name}", f"a4ray logs {name} --follow", f"a4ray down --job {name}")
     say(f"RayJob {name}: job {final}")
     return 0 if final == "SUCCEEDED" else 1
 
@@ -345,7 +356,11 @@ def _logs(args: argparse.Namespace) -> int:
             job_id = jobs[-1].submission_id
             say(f"latest job on {cluster}: {job_id}")
         if args.follow:
-            say(f"job {job_id}: {follow_logs(client, job_id, lambda t: print(t, end='', flush=True))}")
+            final = follow_logs(client, job_id, lambda t: print(t, end="", flush=True))
+            if final is None:
+                return _detached(job_id, f"a4ray logs {args.name} --job-id {job_id} --follow",
+                                 f"ray job stop {job_id}")
+            say(f"job {job_id}: {final}")
         else:
             print(client.get_job_logs(job_id), end="", flush=True)
     return 0

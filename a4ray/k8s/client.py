@@ -418,13 +418,17 @@ def dashboard(kube: Kube, cluster: str, namespace: str) -> Iterator[tuple[Any, P
         yield job_client(forward.url, token), forward
 
 
-def follow_logs(client: Any, job_id: str, out: Callable[[str], None]) -> str:
-    """Print the job's logs as they come, until it ends; returns its final status."""
+def follow_logs(client: Any, job_id: str, out: Callable[[str], None]) -> str | None:
+    """Print the job's logs as they come, until it ends; returns its final status, or None where Ctrl-C stopped the
+    following (the job goes on, as after `ray job submit`'s Ctrl-C)."""
     import asyncio
 
     async def tail() -> None:
         async for chunk in client.tail_job_logs(job_id):
             out(chunk)
 
-    asyncio.run(tail())
+    try:
+        asyncio.run(tail())
+    except KeyboardInterrupt:
+        return None
     return str(client.get_job_status(job_id).value)
