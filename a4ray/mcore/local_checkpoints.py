@@ -9,12 +9,14 @@ other's parts; J = ranks per node puts each replica on another node), and megatr
 tensors taken out of it).
 
 An async save replicates in the background: NVRx's `save` exchanges the parts before it returns (training blocked
-for the whole transfer: 0.41 of a synchronous persistent save in benchmarks/checkpoint.py), so here the rank's
-background writer, once its own part's file is written, sends that file to the other ranks of its clique and writes
-theirs as they come (`_replicate_part`), over a gloo group of its own made through the run's TCPStore. Training
-blocks only for the state's copy; the replicas are NVRx's own files, byte for byte, and count as held only once
-renamed into place, so `find_latest` (at the save's finalization, on every rank) decides as before. A synchronous
-save replicates as NVRx does.
+for the whole transfer: 0.41 of a synchronous persistent save in benchmarks/checkpoint.py). Here the rank's forked
+writer writes only its own part, and a thread of the rank (`Exchange`) then sends that file to the other ranks of its
+clique and writes theirs beside it, over a gloo group of the clique made at the start; the writer ends once those
+replicas are in place, so the save's finalization (`find_latest` on every rank) finds them as NVRx's own would be.
+Training blocks only for the state's copy. The exchange is a thread, not the writer: a forked child of a rank, whose
+other threads may hold glibc's locks at the fork (the resolver's, seen: a writer that connected to the TCPStore hung
+in getnameinfo), must not open sockets. A replica counts as held only once renamed into place; a synchronous save
+replicates as NVRx does.
 
 On the CPU, NVRx's retrieval (and its synchronous replication) moves tensors through `Tensor.cuda()` and
 `device="cuda"` buffers: it runs under `shims.CudaOnCpu`, which keeps them on the CPU (gloo sends CPU tensors). On
@@ -29,6 +31,8 @@ import functools
 import hashlib
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -43,7 +47,7 @@ from a4ray.observe.stacks import ranges
 ALGO = "atomic"  # every rank writes all its tensors, replicated ones too: no exchange at save or load
 CHUNK_BYTES = 64 << 20  # a part's file goes to its replicas this much at a time (bounded memory in the writer)
 PERSISTED = "local_iter_{:07d}"  # a local checkpoint kept in the persistent directory at a stop with notice
-REPLICATION_TIMEOUT = datetime.timedelta(minutes=10)  # a clique member's writer that never comes fails the save
+REPLICATION_TIMEOUT = datetime.timedelta(minutes=10)  # a clique member that never comes fails the save
 
 
 class NodeCheckpointManager(LocalCheckpointManager):
@@ -54,12 +58,14 @@ class NodeCheckpointManager(LocalCheckpointManager):
 
     def __init__(self, root: str, session_id: str, replication: tuple[int, int] | None):
         """`replication`: (jump, factor) of NVRx's cliques, or None."""
-        strategy, self.clique = None, None
+        strategy, self.clique, self.exchange_group = None, None, None
         if replication:
             strategy = CliqueReplicationStrategy.from_replication_params(*replication)  # its groups, every rank at once
-            self.clique = next(ranks for ranks in parse_group_sequence(*replication, dist.get_world_size())
-                               if dist.get_rank() in ranks)  # the ranks holding each other's parts, this one among them
+            cliques = parse_group_sequence(*replication, dist.get_world_size())
+            self.exchange_group, _ = dist.new_subgroups_by_enumeration(cliques, backend="gloo", timeout=REPLICATION_TIMEOUT)
+            self.clique = next(ranks for ranks in cliques if dist.get_rank() in ranks)  # this rank's, it among them
         super().__init__(root, session_id=session_id, repl_strategy=strategy)
+        self.exchange: Exchange | None = None  # the async save's replication in flight
 
     @property
     def local_ckpt_dir(self) -> Path:
@@ -77,8 +83,11 @@ class NodeCheckpointManager(LocalCheckpointManager):
             part.unlink(missing_ok=True)
 
     def save(self, state_dict, iteration: int, is_async: bool = False):
-        """NVRx's save; an async one with replication sends this rank's part to its clique from the background
-        writer, once written (see the module), instead of exchanging the parts before training goes on."""
+        """NVRx's save; an async one with replication leaves the exchange to `Exchange` (see the module): its writer
+        writes this rank's part, then waits for the replicas the exchange writes."""
+        if self.exchange is not None:
+            self.exchange.join()  # the previous save's (its writer ended once it was done): no thread at the fork
+            self.exchange = None
         if not (is_async and self.repl_strategy):
             return super().save(state_dict, iteration, is_async)
         strategy, self.repl_strategy = self.repl_strategy, None  # NVRx's save without its exchange...
@@ -86,47 +95,62 @@ class NodeCheckpointManager(LocalCheckpointManager):
             request = super().save(state_dict, iteration, is_async=True)
         finally:
             self.repl_strategy = strategy  # ...and its finalization's `find_latest` counting replicas again
-        write = functools.partial(_write_then_replicate, request.async_fn, self._local_ckpt_path_from_id,
-                                  self._ckpt_id(iteration), self.clique)
-        return request._replace(async_fn=write)
+        self.exchange = Exchange(self, iteration)
+        return request._replace(async_fn=functools.partial(_write_then_wait, request.async_fn, self.exchange.kept))
 
 
-def _write_then_replicate(write, path_of, own: tuple, clique: list[int], id_to_state_dict: dict) -> None:
-    """The background writer of an async replicated save: NVRx's write of this rank's part, then the exchange."""
+class Exchange(threading.Thread):
+    """The replication of one async local save, on a thread of the rank: once the rank's writer has put its part in
+    place, send it to the other ranks of the clique and write each of theirs beside it (`.dirty`, then renamed),
+    one part at a time from its holder, in chunks; a part of this rank's own node is there already."""
+
+    def __init__(self, manager: NodeCheckpointManager, iteration: int):
+        super().__init__(name=f"a4ray-local-replication-{iteration}", daemon=True)
+        self.group, self.clique, self.rank = manager.exchange_group, manager.clique, dist.get_rank()
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # a node's ranks are consecutive and share its directory
+        self.parts = {holder: manager._local_ckpt_path_from_id((iteration, holder, manager.session_id))
+                      for holder in self.clique}
+        self.kept = [path for holder, path in self.parts.items()
+                     if holder != self.rank and holder // per_node != self.rank // per_node]
+        for stale in [self.parts[self.rank], *self.kept]:  # an earlier attempt's, of the same iteration
+            stale.unlink(missing_ok=True)
+
+    def run(self) -> None:
+        own = self.parts[self.rank]
+        deadline = time.monotonic() + REPLICATION_TIMEOUT.total_seconds()
+        while not own.exists():  # the writer renames it into place once whole
+            if time.monotonic() > deadline:
+                return  # the writer failed: its own end fails the save
+            time.sleep(0.005)
+        root_of = {holder: self.clique.index(holder) for holder in self.clique}
+        for holder, part in self.parts.items():
+            size = torch.tensor([part.stat().st_size if holder == self.rank else 0], dtype=torch.int64)
+            dist.broadcast(size, group_src=root_of[holder], group=self.group)
+            keep = part in self.kept
+            with contextlib.ExitStack() as files:
+                source = files.enter_context(open(part, "rb")) if holder == self.rank else None
+                target = files.enter_context(open(part.with_suffix(".dirty.pt"), "wb")) if keep else None
+                for start in range(0, int(size), CHUNK_BYTES):
+                    chunk = torch.empty(min(CHUNK_BYTES, int(size) - start), dtype=torch.uint8)
+                    if source:
+                        source.readinto(memoryview(chunk.numpy()))
+                    dist.broadcast(chunk, group_src=root_of[holder], group=self.group)
+                    if target:
+                        target.write(memoryview(chunk.numpy()))
+            if keep:
+                part.with_suffix(".dirty.pt").rename(part)
+
+
+def _write_then_wait(write, replicas: list[Path], id_to_state_dict: dict) -> None:
+    """The forked writer of an async replicated save: NVRx's write of this rank's part, then the wait for the
+    replicas its rank's `Exchange` writes (the writer's end is what the save's finalization waits for)."""
     write(id_to_state_dict)
-    _replicate_part(path_of, own, clique)
-
-
-def _replicate_part(path_of, own: tuple, clique: list[int]) -> None:
-    """Send this rank's part file to the other ranks of its clique and write each of theirs beside it (`.dirty`,
-    then renamed: a replica counts as held only once whole). A writer is a forked process: the trainer's process
-    groups are not its to use, so it makes a gloo group of the clique's writers through a client of the run's
-    TCPStore (rank 0 hosts it on MASTER_PORT), keyed by the session, the iteration and the clique."""
-    iteration, rank, session = own
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # a node's ranks are consecutive, and share its directory
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=REPLICATION_TIMEOUT)
-    prefix = f"a4ray-local-replication/{session}/{iteration}/{'-'.join(map(str, clique))}"
-    group = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), clique.index(rank), len(clique),
-                                  REPLICATION_TIMEOUT)
-    for root, holder in enumerate(clique):
-        part = path_of((iteration, holder, session), False)
-        size = torch.tensor([part.stat().st_size if holder == rank else 0], dtype=torch.int64)
-        group.broadcast(size, root).wait()
-        # This rank sends its own part; it keeps another node's; a part of its own node is there already.
-        keep = holder != rank and holder // per_node != rank // per_node
-        with contextlib.ExitStack() as files:
-            source = files.enter_context(open(part, "rb")) if holder == rank else None
-            target = files.enter_context(open(path_of((iteration, holder, session), True), "wb")) if keep else None
-            for start in range(0, int(size), CHUNK_BYTES):
-                chunk = torch.empty(min(CHUNK_BYTES, int(size) - start), dtype=torch.uint8)
-                if source:
-                    source.readinto(memoryview(chunk.numpy()))
-                group.broadcast(chunk, root).wait()
-                if target:
-                    target.write(memoryview(chunk.numpy()))
-        if keep:
-            path_of((iteration, holder, session), True).rename(part)
+    deadline = time.monotonic() + REPLICATION_TIMEOUT.total_seconds()
+    while not all(path.exists() for path in replicas):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"replicas {', '.join(p.name for p in replicas if not p.exists())} did not come within "
+                               f"{REPLICATION_TIMEOUT}")
+        time.sleep(0.005)
 
 
 def _device_literals():
@@ -173,6 +197,8 @@ class LocalCheckpoints:
             request = self.manager.save(aware, iteration, is_async=saves is not None)
         if request is not None:
             saves.start(request, iteration, kind="local")
+            if self.manager.exchange is not None:
+                self.manager.exchange.start()  # after the writer's fork
 
     def newest(self) -> int | None:
         """The newest iteration whose every part is held somewhere in the gang (every rank calls it)."""
