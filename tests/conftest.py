@@ -356,6 +356,27 @@ def run_notebook(name: str, root: Path, env: dict[str, str]) -> list:
     return code
 
 
+_STREAM_TAG = re.compile(r"^\[(?:n(\d+)(?: r(\d+))?|(nodes|ranks) ([\d, -]+))\] (.*)$")
+
+
+def printers(stream: str, text: str) -> set[str]:
+    """Who printed the line `text` in a run's stream, as "n<node>" or "r<rank>": a line several nodes or ranks printed
+    is shown once with them all ("[nodes 0-1] started", "[ranks 0-3] ..."; observe/stream.py), else with its one
+    printer ("[n1] started", "[n0 r1] ...")."""
+    found: set[str] = set()
+    for line in stream.splitlines():
+        m = _STREAM_TAG.match(line)
+        if not m or m[5] != text:
+            continue
+        if m[3] is None:
+            found.add(f"r{m[2]}" if m[2] is not None else f"n{m[1]}")
+            continue
+        for part in m[4].split(","):
+            first, _, last = part.strip().partition("-")
+            found.update(f"{m[3][0]}{i}" for i in range(int(first), int(last or first) + 1))
+    return found
+
+
 def printed(cells: list) -> str:
     """What a notebook's cells printed (their stdout streams)."""
     return "".join(o.get("text", "") for c in cells for o in c.outputs if o.output_type == "stream")

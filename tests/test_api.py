@@ -11,7 +11,7 @@ import uuid
 import matplotlib
 import pytest
 import ray
-from conftest import PYTHON, REPO, free_port, job, run_to_end, wait_gone
+from conftest import PYTHON, REPO, free_port, job, printers, run_to_end, wait_gone
 
 import a4ray
 from a4ray.core.errors import SpecError
@@ -103,7 +103,7 @@ def test_cancel_stops_the_job_and_leaves_no_process(api_cluster, tmp_path):
                          f"cluster: {{nodes: 2, gpus_per_node: 1}}\nstorage: {{local_workspace: {tmp_path}}}\n")
     run = a4ray.submit(a4ray.load(spec_file))
     deadline = time.monotonic() + 120
-    while run.logs().count("] started") < 2:  # both nodes run the command
+    while printers(run.logs(), "started") != {"n0", "n1"}:  # both nodes run the command
         assert time.monotonic() < deadline and run.status() in ("PENDING", "RUNNING"), run.logs()[-3000:]
         time.sleep(1)
     assert run.cancel() == "STOPPED"

@@ -11,7 +11,7 @@ import subprocess
 import uuid
 
 import pytest
-from conftest import PYTHON, REPO, isolated_env, wait_gone
+from conftest import PYTHON, REPO, isolated_env, printers, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def test_sigterm_cancels_the_gang_and_shuts_the_cluster_down(tmp_path):
     proc = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "run", "-f", str(spec)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: list[str] = []
-    while sum("] started" in line for line in seen) < 2:  # both nodes are running the command
+    while printers("".join(seen), "started") != {"n0", "n1"}:  # both nodes are running the command
         line = proc.stdout.readline()
         assert line, "".join(seen)
         seen.append(line)
