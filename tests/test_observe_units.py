@@ -194,6 +194,12 @@ def test_the_stream_shows_each_warning_once_and_every_traceback_whole():
     assert stream.summary("/run/logs/train/rank-*.log") is None  # said once
     assert not stream.show("n0 r0", warning[0])  # a later launch of the run (a restart): not again
     assert "1 shown once above came again from 1 rank(s)" in stream.summary("/run/logs/train/rank-*.log")
+    # A frozen module's warning (its "file" has a space): what `python -m pkg.mod` prints on every rank when the
+    # package imported the module first.
+    frozen = warnings.formatwarning("'a4ray.mcore.training' found in sys.modules after import of package "
+                                    "'a4ray.mcore', but prior to execution", RuntimeWarning, "<frozen runpy>", 128,
+                                    None).splitlines()[0]
+    assert [stream.show(rank, frozen) for rank in ("n0 r0", "n0 r1", "n1 r2")] == [True, False, False]
 
 
 def test_a_table_wraps_cells_at_spaces_never_inside_a_path():

@@ -57,7 +57,9 @@ from a4ray.observe.stacks import ranges
 from a4ray.programs.record import RESULT_MARKER
 
 # Python's warnings.formatwarning: "{filename}:{lineno}: {category}: {message}", then the source line, indented.
-_PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
+# A frozen module's file name has a space in it: "<frozen runpy>:128: RuntimeWarning: ..." (python -m of a package
+# whose module was imported already).
+_PY_WARNING = re.compile(r"^(\S+|<frozen [\w.]+>):\d+: \w*Warning: ")
 # Loggers: "WARNING:name:msg" (logging's default), "[WARNING | name]: msg" (megatron-core), "W1125 ... ]" (glog),
 # "[transformers] msg" (transformers 5's handler, transformers/utils/logging.py: it prints WARNING and above).
 _LOG_WARNING = re.compile(r"^(\[rank\d+\]:)?(WARNING:|\[WARNING\b|\[?W\d{4} \d\d:\d\d:\d\d|\[transformers\] )")
