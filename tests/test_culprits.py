@@ -179,7 +179,8 @@ def _attempt_after_a_lost_node(tmp_path: Path, nodes: int, capfd):
 
 def test_the_retry_keeps_off_the_node_that_was_lost(local_cluster, tmp_path, capfd):
     """3 nodes, a 2-node gang, node 1's actor killed: attempt 1 runs on the other two and says which it avoided;
-    the workspace's node history records the loss, and `a4ray nodes forget` clears it."""
+    the workspace's node history records the loss, a new run keeps off that node from its start, and
+    `a4ray nodes forget` clears it."""
     result, out = _attempt_after_a_lost_node(tmp_path, 2, capfd)
     assert result.ok and result.gang.attempt == 1, result.verdict
     host = re.search(r"node 1 \(\S+ \([\d.]+, \S+/(sim-host-\d+)\)\) was lost", out).group(1)
@@ -203,8 +204,15 @@ def test_the_retry_keeps_off_the_node_that_was_lost(local_cluster, tmp_path, cap
     rate = history.failure_rate()
     assert rate.failures == 1 and 0 < rate.node_days * 86400 < 600, rate
     assert f"failure rate: {rate.per_1000_node_days:.3g} per 1000 node-days ({rate.source}); " in out
+    # Never again on that node: a new run in the workspace is placed off it from its first attempt, and says why.
+    spec = job("ddp_test", "cluster.nodes=2", "cluster.gpus_per_node=1", workspace=history.dir.parent)
+    again = run(spec)
+    out = capfd.readouterr().out
+    assert again.ok and again.gang.attempt == 0 and host not in {n.host for n in again.gang.nodes}, again.verdict
+    assert re.search(rf"keeping off {host} \({host}: 1 lost \(last .*: node 1 \([\d.]+\) was lost in launch \S+\); "
+                     rf"`a4ray nodes forget {host}` once repaired\); 2 other node\(s\) fit, the gang needs 2", out), out
     assert cli_main(["nodes", "forget", host, "--workspace", str(history.dir.parent)]) == 0
-    assert history.events(host) == []
+    assert history.events(host) == [] and history.blamed() == {}  # the next run may use it again
 
 
 def test_the_retry_says_when_it_cannot_keep_off_the_lost_node(local_cluster, tmp_path, capfd):

@@ -109,6 +109,12 @@ class NodeHistory:
                 found.setdefault(event.host, []).append(event)
         return found
 
+    def blamed(self) -> dict[str, str]:
+        """The hosts a launch's end was blamed on (lost, a hang's culprit), each with its history in a line: where a
+        new run's gang is not placed (cluster.keep_off_blamed) until `a4ray nodes forget HOST`."""
+        return {host: f"{summarize(events)}; `a4ray nodes forget {host}` once repaired"
+                for host, events in self.hosts().items() if any(e.event in FAILURES for e in events)}
+
     def served(self, seconds: dict[str, float], *, run: str = "") -> None:
         """Record how long each host ran a launch (the node time failures are counted against)."""
         seconds = {host: round(s, 3) for host, s in sorted(seconds.items()) if s > 0}

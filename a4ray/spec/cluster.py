@@ -60,6 +60,10 @@ class ClusterSpec(Spec):
         0, ge=0, le=MAX_NODES, description="nodes placed with the gang that run nothing and stand by, their ranks "
         "warm, to take the place of a lost node (or one a restart keeps off) at once: no new placement, no cold start. "
         "Needs restart.max_restarts >= 1")
+    keep_off_blamed: bool = Field(
+        True, description="place the gang off the hosts the workspace's node history blames (lost, a hang's culprit) "
+        "where the cluster has other nodes that fit, or can add them; else on the nodes there are, saying so. "
+        "`a4ray nodes forget HOST` once a host is repaired")
     start_timeout_s: Seconds = Field(120, description="how long to wait for the gang to be placed")
     stop_grace_s: Seconds = Field(10, description="SIGTERM to SIGKILL grace when stopping a node")
     notice_grace_s: Seconds = Field(

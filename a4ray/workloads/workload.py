@@ -128,7 +128,9 @@ class Workload(ABC, Generic[S]):
         tasks) overrides this."""
         spec, attempt, gang = self.spec, 0, None
         history = NodeHistory(run_dir.workspace)
-        avoid: dict[str, str] = {}  # host -> why: the nodes the failed attempts are attributed to, and stragglers
+        # host -> why: the nodes the workspace's history blames (never again on them, cluster.keep_off_blamed), and
+        # those the failed attempts are attributed to, and stragglers
+        avoid: dict[str, str] = history.blamed() if spec.cluster.keep_off_blamed else {}
         started_at, attempts = time.time(), []  # the goodput accounting's: the run's start, each attempt's record
         try:
             while True:
