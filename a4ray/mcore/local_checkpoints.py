@@ -47,6 +47,7 @@ from a4ray.observe.stacks import ranges
 ALGO = "atomic"  # every rank writes all its tensors, replicated ones too: no exchange at save or load
 CHUNK_BYTES = 64 << 20  # a part's file goes to its replicas this much at a time (bounded memory in the writer)
 PERSISTED = "local_iter_{:07d}"  # a local checkpoint kept in the persistent directory at a stop with notice
+PERSISTED_GLOB = "local_iter_" + "[0-9]" * 7
 REPLICATION_TIMEOUT = datetime.timedelta(minutes=10)  # a clique member that never comes fails the save
 
 
@@ -116,12 +117,8 @@ class Exchange(threading.Thread):
             stale.unlink(missing_ok=True)
 
     def run(self) -> None:
-        own = self.parts[self.rank]
-        deadline = time.monotonic() + REPLICATION_TIMEOUT.total_seconds()
-        while not own.exists():  # the writer renames it into place once whole
-            if time.monotonic() > deadline:
-                return  # the writer failed: its own end fails the save
-            time.sleep(0.005)
+        if not _appear([self.parts[self.rank]]):  # the writer renames it into place once whole
+            return  # the writer failed: its own end fails the save
         root_of = {holder: self.clique.index(holder) for holder in self.clique}
         for holder, part in self.parts.items():
             size = torch.tensor([part.stat().st_size if holder == self.rank else 0], dtype=torch.int64)
@@ -145,12 +142,19 @@ def _write_then_wait(write, replicas: list[Path], id_to_state_dict: dict) -> Non
     """The forked writer of an async replicated save: NVRx's write of this rank's part, then the wait for the
     replicas its rank's `Exchange` writes (the writer's end is what the save's finalization waits for)."""
     write(id_to_state_dict)
+    if not _appear(replicas):
+        raise TimeoutError(f"replicas {', '.join(p.name for p in replicas if not p.exists())} did not come within "
+                           f"{REPLICATION_TIMEOUT}")
+
+
+def _appear(paths: list[Path]) -> bool:
+    """Wait up to REPLICATION_TIMEOUT for every one of `paths` to exist; whether they all do."""
     deadline = time.monotonic() + REPLICATION_TIMEOUT.total_seconds()
-    while not all(path.exists() for path in replicas):
+    while not all(path.exists() for path in paths):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"replicas {', '.join(p.name for p in replicas if not p.exists())} did not come within "
-                               f"{REPLICATION_TIMEOUT}")
+            return False
         time.sleep(0.005)
+    return True
 
 
 def _device_literals():
@@ -251,7 +255,7 @@ class LocalCheckpoints:
         """Where the persistent checkpoint directory holds a persisted local checkpoint (`persist`) newer than
         `newer_than` (the newest persistent one), copy this rank's part of it into its node's storage, where
         `newest()` and `load()` find it on whichever nodes the run has now; returns its iteration."""
-        found = sorted(self.persistent_dir.glob(PERSISTED.format(0).replace("0000000", "[0-9]" * 7)))
+        found = sorted(self.persistent_dir.glob(PERSISTED_GLOB))
         if not found:
             return None
         iteration = int(found[-1].name.rsplit("_", 1)[1])
@@ -271,7 +275,7 @@ class LocalCheckpoints:
         dist.barrier()  # no rank of the node still reads them
         shutil.rmtree(self.directory, ignore_errors=True)
         if dist.get_rank() == 0:
-            for persisted in self.persistent_dir.glob(PERSISTED.format(0).replace("0000000", "*")):
+            for persisted in self.persistent_dir.glob(PERSISTED_GLOB):
                 shutil.rmtree(persisted, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.root.rmdir()  # a4ray-local-checkpoints itself, once no run of the node has any
