@@ -39,10 +39,14 @@ _CHECK_SAVE = re.compile(r"check-save (iter_\d+): loaded back through megatron-c
                          r"optimizer state tensors equal (\d+)/(\d+)")
 
 
-def _kill_a_rank_while_a_checkpoint_is_written(save: Path, killed: list, stop: threading.Event) -> None:
+def _kill_a_rank_while_a_checkpoint_is_written(workspace: Path, save: Path, killed: list,
+                                               stop: threading.Event) -> None:
     """SIGKILL the trainer process of rank 1 (a crashed GPU, say) while a checkpoint after iteration 10's is being
-    written in the background (an async save): once a save's `.iter_NNNNNNN.tmp` directory has its first data file.
-    Rank 1 is found once iteration 10's is complete, so the kill lands within milliseconds of the write's start."""
+    written in the background (an async save): once a save's `.iter_NNNNNNN.tmp` directory has its first data file
+    and rank 0 has logged that training went on (its "to host memory" line, in its rank log: a line printed once the
+    gang is stopping goes to the logs only, and rank 0 must not be stopped before it says it). Rank 1 is found once
+    iteration 10's is complete, so the kill lands within milliseconds of the write's start, long before the save
+    could be finalized (every rank, at a later iteration)."""
     victim = None
     while not stop.is_set():
         if victim is None and (save / "iter_0000010" / "metadata.json").is_file():
@@ -54,7 +58,8 @@ def _kill_a_rank_while_a_checkpoint_is_written(save: Path, killed: list, stop: t
                             victim = proc
                     except psutil.Error:
                         continue
-        if victim is not None and (writing := [p.parent.name for p in save.glob(".iter_*.tmp/*.distcp")]):
+        writing = [p.parent.name for p in save.glob(".iter_*.tmp/*.distcp")] if victim is not None else []
+        if writing and _rank0_said(workspace, writing[0]):
             try:
                 victim.kill()
             except psutil.Error:
@@ -62,6 +67,13 @@ def _kill_a_rank_while_a_checkpoint_is_written(save: Path, killed: list, stop: t
             killed.append((victim.pid, writing[0]))
             return
         time.sleep(0.005)
+
+
+def _rank0_said(workspace: Path, writing: str) -> bool:
+    """Whether rank 0's log says the save being written (".iter_0000020.tmp") left host memory: training went on."""
+    iteration = int(writing.removeprefix(".iter_").removesuffix(".tmp"))
+    said = f"saved checkpoint iteration {iteration} to host memory in "
+    return any(said in log.read_text(errors="replace") for log in workspace.glob(".a4ray/runs/*/logs/train/rank-0000.log"))
 
 
 @dataclass(frozen=True)
@@ -96,7 +108,8 @@ def rehearsal(tmp_path_factory, standins) -> Rehearsal:
     save = workspace / ".a4ray" / "logs" / "output_megatron_qwen3_next_pretrain" / "checkpoint"
     killed: list[tuple[int, str]] = []
     stop = threading.Event()
-    killer = threading.Thread(target=_kill_a_rank_while_a_checkpoint_is_written, args=(save, killed, stop), daemon=True)
+    killer = threading.Thread(target=_kill_a_rank_while_a_checkpoint_is_written, args=(workspace, save, killed, stop),
+                              daemon=True)
     killer.start()
     cmd = [PYTHON, "-m", "a4ray.qwen3_next", "--set", "restart.max_restarts=1", "--set", "restart.backoff_s=1",
            "--set", "train.megatron.check_save=true", "--result", "r1.json"]
