@@ -5,14 +5,16 @@ survived by restarting from the last checkpoint, with a spare node in its place 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import ray
-from conftest import job, scrape
+from conftest import PYTHON, job, scrape
 from ray.util.placement_group import placement_group_table
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from test_gang import assert_no_leftovers
@@ -23,6 +25,36 @@ from a4ray.runtime.gang import Gang
 from a4ray.workloads.generic import Command
 
 pytestmark = pytest.mark.slow
+
+
+# A driver process of a cluster that outlives it: sets a run's final goodput, waits for Ray to export it, leaves.
+_DRIVER = """
+import os, sys, time
+import ray
+from a4ray.observe import metrics
+from a4ray.runtime import connect
+connection = connect.connect(sys.argv[1])
+print("INTERVAL", ray._config.metrics_report_interval_ms(), "ENV", os.environ.get("RAY_metrics_report_interval_ms"))
+metrics.record_goodput("driver-export", sys.argv[2], 0.75, {"productive_time": 3.0, "restart_s": 1.0})
+t0 = time.monotonic()
+connection.close()
+print("CLOSED IN", round(time.monotonic() - t0, 2), flush=True)
+"""
+
+
+def test_a_drivers_last_values_are_exported_before_it_leaves_within_seconds(local_cluster, tmp_path):
+    """A driver exports its own metrics every second (Ray's floor), not at Ray's 10 s: its last values (a run's final
+    goodput) are on its node's metrics endpoint once it has left, after a wait of ~1.5 s, not 10.5 s. What it starts
+    keeps Ray's interval: the setting is not left in its environment."""
+    run_id = f"export-{tmp_path.name}"
+    done = subprocess.run([PYTHON, "-c", _DRIVER, local_cluster.address, run_id], capture_output=True, text=True,
+                          timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("RAY_metrics")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "INTERVAL 1000 ENV None" in done.stdout, done.stdout  # not left for what the driver starts
+    closed = float(re.search(r"CLOSED IN ([\d.]+)", done.stdout).group(1))
+    assert closed < 4, done.stdout  # Ray's 10 s interval: 10.5 s
+    ratio = scrape(rf'^ray_a4ray_goodput_ratio\{{.*run="{run_id}"')  # no waiting here: it was exported before
+    assert len(ratio) == 1 and ratio[0].endswith(" 0.75"), ratio
 
 
 def test_training_progress_is_exported_as_ray_metrics(local_cluster, tmp_path, capfd):

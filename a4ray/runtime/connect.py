@@ -92,8 +92,9 @@ def _init(address: str) -> tuple[str | None, auth.Undo]:
         if address.startswith("ray://"):  # Ray Client takes the namespace; the rest is the server's business
             context = _init_client(address)
         else:
-            context = ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING,
-                               log_to_driver=True, configure_logging=True)
+            with metrics.exporting_often():
+                context = ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING,
+                                   log_to_driver=True, configure_logging=True)
     except BaseException:
         undo()
         raise
