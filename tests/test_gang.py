@@ -396,6 +396,14 @@ def test_success_streams_lines_and_masks_secrets(local_cluster, tmp_path, capfd)
     assert NODE_SECRET not in out + logs + result.model_dump_json()
 
 
+def test_a_simulated_clusters_gcs_declares_a_killed_node_dead_within_seconds(local_cluster):
+    """All of a simulated cluster's nodes are on this machine: its GCS declares a node whose processes were killed
+    dead after 3 failed health checks a second apart (~3 s), not Ray's 5 at 3 s (~15 s); a check still waits Ray's
+    10 s for a slow reply. This process reads the cluster's settings from its GCS."""
+    assert (ray._config.health_check_period_ms(), ray._config.health_check_failure_threshold(),
+            ray._config.health_check_timeout_ms()) == (1000, 3, 10000)
+
+
 def test_gib_env_on_nodes_and_node_loss(extra_nodes, tmp_path):
     """On nodes of their own that keep NVLink multicast off (as the GPU hosts do): gIB is sourced
     on the node, the operator's NCCL_NVLS_ENABLE=0 survives a user override; then a node is lost."""

@@ -14,3 +14,9 @@ RAY_ENV = {
 # to a just-started local head; 0 in 76 with this; twice in CI). The proxy execs right after fork, the
 # case gRPC's fork support is meant to be off for.
 HEAD_ENV = {"GRPC_ENABLE_FORK_SUPPORT": "0"}
+
+# A simulated cluster's GCS, for its nodes all on this machine: a node that is lost (its processes killed) is declared
+# dead after 3 failed health checks a second apart, ~3 s, not Ray's 5 at 3 s, ~15 s (tuned for real networks, where
+# a slow reply is not a lost node). What a4ray does about a lost node starts then: its gang's restart, a spare in
+# its place, the bundle placed again. A check still times out at Ray's 10 s: a busy machine's slow raylet is not lost.
+SIMULATED_SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}

@@ -36,7 +36,7 @@ from a4ray.core.errors import SpecError
 from a4ray.observe.prometheus import LocalPrometheus
 from a4ray.runtime import auth
 from a4ray.runtime.node_local import NODE_LOCAL_ENV
-from a4ray.runtime.rayenv import HEAD_ENV
+from a4ray.runtime.rayenv import HEAD_ENV, SIMULATED_SYSTEM_CONFIG
 from a4ray.runtime.reaper import sweep_flight_recorder_pipes
 from a4ray.spec.cluster import TopologySpec
 from a4ray.spec.job import ClusterJob
@@ -381,7 +381,8 @@ class SimulatedCluster:
         where = {} if self.host == "0.0.0.0" else {"node_ip_address": self.host}
         head = dict(num_cpus=0, num_gpus=0, include_dashboard=self.dashboard, dashboard_host=self.host,
                     env_vars={LOCAL_ROOT_ENV: self.root, **_python_first()},
-                    object_store_memory=128 * 2**20, labels={SIMULATED_LABEL: "true"}, node_name="head", **where)
+                    object_store_memory=128 * 2**20, labels={SIMULATED_LABEL: "true"}, node_name="head",
+                    _system_config=SIMULATED_SYSTEM_CONFIG, **where)
         if self.client_port:
             head["ray_client_server_port"] = self.client_port
 
