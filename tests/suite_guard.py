@@ -29,8 +29,10 @@ TEMP_DIRS = (Path(tempfile.gettempdir()), Path("/dev/shm"))
 # Kept on purpose across runs by what made them: the per-user roots of pytest's own numbered directories (it removes
 # this run's on a pass and keeps a failed run's for a look), torch inductor's per-user cache (importing megatron-core
 # makes it in every process that does, the tests' own included), the JVM's perf-data directory, and a4ray's
-# machine-wide lock files of the loopback address blocks its simulated clusters take (an empty file a block).
+# machine-wide lock files of the loopback address blocks its simulated clusters take (an empty file a block), and
+# Ray's machine-wide temp root (`ray`, made by any Ray on the machine; each cluster's own directory in it is checked).
 KEPT_BY_THEIR_TOOLS = ("pytest-of-", "torchinductor_", "hsperfdata_", "a4ray-loopback")
+RAY_TEMP_ROOT = "ray"
 GRACE_S = 30  # for processes still winding down as the last worker ends (a Ray node's shutdown takes seconds)
 
 
@@ -65,7 +67,7 @@ class Guard:
 
     def left_in_temp(self) -> list[Path]:
         return [d / name for d, before in self.before.items() for name in sorted(set(os.listdir(d)) - before)
-                if not name.startswith(KEPT_BY_THEIR_TOOLS)]
+                if not name.startswith(KEPT_BY_THEIR_TOOLS) and name != RAY_TEMP_ROOT]
 
     def finish(self) -> list[str]:
         """What the run left, as lines to fail the run with: its processes still running (ended here) and what it

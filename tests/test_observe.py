@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import PYTHON, job, scrape
+from conftest import PYTHON, isolated_env, job, scrape
 from ray.util.placement_group import placement_group_table
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from test_gang import assert_no_leftovers
@@ -48,7 +48,7 @@ def test_a_drivers_last_values_are_exported_before_it_leaves_within_seconds(loca
     keeps Ray's interval: the setting is not left in its environment."""
     run_id = f"export-{tmp_path.name}"
     done = subprocess.run([PYTHON, "-c", _DRIVER, local_cluster.address, run_id], capture_output=True, text=True,
-                          timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("RAY_metrics")})
+                          timeout=120, env={k: v for k, v in isolated_env(tmp_path).items() if not k.startswith("RAY_metrics")})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "INTERVAL 1000 ENV None" in done.stdout, done.stdout  # not left for what the driver starts
     closed = float(re.search(r"CLOSED IN ([\d.]+)", done.stdout).group(1))
