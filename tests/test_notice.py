@@ -28,8 +28,9 @@ import os, signal, sys, time
 if os.environ["RANK"] == "0" and os.fork() == 0:
     time.sleep(60)
     os._exit(0)
-signal.signal(signal.SIGUSR1, lambda *_: (print("noticed", os.environ["RANK"], flush=True), sys.exit(0)))
-print("up", flush=True)
+# One write a line: with PYTHONUNBUFFERED (CI sets it) print writes word by word, and the two ranks' lines interleave.
+signal.signal(signal.SIGUSR1, lambda *_: (os.write(1, f"noticed {os.environ['RANK']}\\n".encode()), sys.exit(0)))
+os.write(1, b"up\\n")
 time.sleep(60)
 """
 LAUNCHER = f"""
