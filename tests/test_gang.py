@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from conftest import NODE_SECRET, job
 
 from a4ray.core.errors import GangFailed, GangStartTimeout, GangTimeout, GangUnplaceable, GibMissing
@@ -402,6 +403,28 @@ def test_a_simulated_clusters_gcs_declares_a_killed_node_dead_within_seconds(loc
     10 s for a slow reply. This process reads the cluster's settings from its GCS."""
     assert (ray._config.health_check_period_ms(), ray._config.health_check_failure_threshold(),
             ray._config.health_check_timeout_ms()) == (1000, 3, 10000)
+
+
+def test_a_simulated_cluster_keeps_no_worker_idle_for_long(local_cluster):
+    """A burst of tasks on one node reuses its workers, and none of them stays idle past 10 s (Ray's default keeps up
+    to the node's CPU count idle for the cluster's life, each costing CPU). Its one log monitor globs the log directory
+    twice a second, not ten times."""
+    node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU"))
+
+    @ray.remote(num_cpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+    def pid(_) -> int:
+        time.sleep(0.5)
+        return os.getpid()
+
+    burst = set(ray.get([pid.remote(i) for i in range(4)]))
+    assert set(ray.get([pid.remote(i) for i in range(2)])) <= burst  # reused, not started anew
+    deadline = time.monotonic() + 30
+    while any(psutil.pid_exists(p) for p in burst) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [p for p in burst if psutil.pid_exists(p)], "idle workers kept past 10 s"
+    (monitor,) = [p for p in psutil.process_iter(["cmdline"]) if "log_monitor.py" in " ".join(p.info["cmdline"] or [])
+                  and local_cluster.cluster.head_node.get_session_dir_path() in " ".join(p.info["cmdline"])]
+    assert monitor.environ().get("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD") == "0"
 
 
 def test_gib_env_on_nodes_and_node_loss(extra_nodes, tmp_path):

@@ -19,4 +19,14 @@ HEAD_ENV = {"GRPC_ENABLE_FORK_SUPPORT": "0"}
 # dead after 3 failed health checks a second apart, ~3 s, not Ray's 5 at 3 s, ~15 s (tuned for real networks, where
 # a slow reply is not a lost node). What a4ray does about a lost node starts then: its gang's restart, a spare in
 # its place, the bundle placed again. A check still times out at Ray's 10 s: a busy machine's slow raylet is not lost.
-SIMULATED_SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+#
+# Idle workers: Ray keeps up to a node's CPU count of them (12 on a 3-node cluster), each costing ~0.4 CPU-s a minute
+# for as long as the cluster lives; a simulated cluster's are all on this machine (a `local up` left running all
+# day spent ~9% of a core on them). It keeps none idle for more than 10 s: a burst of tasks still reuses them.
+SIMULATED_SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
+                           "num_workers_soft_limit": 0, "idle_worker_killing_time_threshold_ms": 10_000}
+
+# A simulated cluster's head, for its one log monitor (Ray starts none on the nodes it adds: it tails every node's
+# files in their shared session directory). Below 1000 files it globs the log directory 10 times a second; this
+# makes it twice a second, as Ray does above 1000 (a new worker's first lines reach the driver up to 0.5 s later).
+SIMULATED_HEAD_ENV = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0"}

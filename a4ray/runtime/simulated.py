@@ -36,7 +36,7 @@ from a4ray.core.errors import SpecError
 from a4ray.observe.prometheus import LocalPrometheus
 from a4ray.runtime import auth
 from a4ray.runtime.node_local import NODE_LOCAL_ENV
-from a4ray.runtime.rayenv import HEAD_ENV, SIMULATED_SYSTEM_CONFIG
+from a4ray.runtime.rayenv import HEAD_ENV, SIMULATED_HEAD_ENV, SIMULATED_SYSTEM_CONFIG
 from a4ray.runtime.reaper import sweep_flight_recorder_pipes
 from a4ray.spec.cluster import TopologySpec
 from a4ray.spec.job import ClusterJob
@@ -405,8 +405,9 @@ class SimulatedCluster:
         # A process that ends without shutting its cluster down (a notebook's kernel, a script's last line) still
         # leaves nothing: Ray's own exit handler ends the nodes, this removes the directories they ran in.
         atexit.register(self.shutdown)
-        # The head's processes (its Ray Client proxy, its dashboard) take these from this process.
-        with _environ({**HEAD_ENV, **(self.prometheus.head_env() if self.prometheus else {})}), \
+        # The head's processes (its Ray Client proxy, its dashboard, its log monitor) take these from this process.
+        monitoring = self.prometheus.head_env() if self.prometheus else {}
+        with _environ({**HEAD_ENV, **SIMULATED_HEAD_ENV, **monitoring}), \
                 _unadvertised(private=not self.shared):
             self.cluster = _start_node("the simulated cluster's head", fresh=fresh_ports, start=lambda: Cluster(
                 initialize_head=True, head_node_args=head, shutdown_at_exit=True))
