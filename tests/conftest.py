@@ -429,11 +429,12 @@ def local_up(root: Path, env: dict[str, str], *options: str, ray_client: bool = 
         assert not wait_gone(env["RAY_TMPDIR"])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def shared_local_up(tmp_path_factory):
-    """One `a4ray local up` (2 simulated nodes x 1 GPU) for every test that only submits to one: each such
-    test names its jobs (`--set name=...`) so that it finds its own run directories under `root`. Started
-    on first use; at the end of the session it must leave no process behind."""
+    """One `a4ray local up` (2 simulated nodes x 1 GPU) for a module's tests that only submit to one: each such
+    test names its jobs (`--set name=...`) so that it finds its own run directories under `root`. Started on
+    first use, ended with the module (it is test_cli's; a session-wide one lived on idle, once per worker); it
+    must leave no process behind."""
     root = tmp_path_factory.mktemp("local-up")
     env = isolated_env(root, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     with local_up(root, env) as up:

@@ -4,6 +4,7 @@ cancel, sweeps, and Ray Client addresses."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 import uuid
@@ -25,16 +26,23 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def api_cluster():
-    """2 simulated nodes x 1 GPU with the dashboard, and this process connected through `a4ray.connect`."""
+def _api_sim():
+    """2 simulated nodes x 1 GPU with the dashboard and a Ray Client server (ray://, as `a4ray local up` has)."""
+    # Not 8265: other clusters run beside it.
+    sim = SimulatedCluster(2, 1, dashboard=True, dashboard_port=free_port(), client_port=free_port())
+    sim.start()
+    yield sim
+    sim.shutdown()
+
+
+@pytest.fixture(scope="module")
+def api_cluster(_api_sim):
+    """The module's cluster, this process connected through `a4ray.connect`."""
     if ray.is_initialized():
         ray.shutdown()  # the session cluster's connection; its fixture reconnects when a test asks for it
-    sim = SimulatedCluster(2, 1, dashboard=True, dashboard_port=free_port())  # not 8265: other clusters run beside it
-    sim.start()
-    cluster = a4ray.connect(sim.address)
+    cluster = a4ray.connect(_api_sim.address)
     yield cluster
     cluster.close()
-    sim.shutdown()
 
 
 def ddp_spec(workspace):
@@ -141,15 +149,17 @@ def test_a_bad_sweep_fails_before_anything_runs(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_ray_client_address_runs_the_job_on_the_cluster(shared_local_up):
-    up = shared_local_up
-    code = (f"import a4ray; c = a4ray.connect({up.client!r}); "
+def test_ray_client_address_runs_the_job_on_the_cluster(_api_sim, tmp_path):
+    """Another process joins through the head's Ray Client server (ray://, as `a4ray local up` prints it)."""
+    client = f"ray://127.0.0.1:{_api_sim.client_port}"
+    code = (f"import a4ray; c = a4ray.connect({client!r}); "
             "r = a4ray.run(a4ray.load(None, 'cluster.nodes=2', 'cluster.gpus_per_node=1', 'ddp_test.hidden=64', "
             "'ddp_test.steps=3', 'name=api-client', kind='ddp_test')); print('RESULT', r.verdict)")
-    out = run_to_end([PYTHON, "-c", code], timeout=300, cwd=up.root, env=up.env)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = run_to_end([PYTHON, "-c", code], timeout=300, cwd=tmp_path, env=env)
     assert "RESULT PASS: 2/2 ranks over 2 nodes" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
     assert "[n1 r1]" in out.stdout  # the job's lines, followed through the job API
-    assert list(up.root.glob(".a4ray/runs/api-client-*/result.json"))
+    assert list(tmp_path.glob(".a4ray/runs/api-client-*/result.json"))
 
 
 def test_a_ray_client_server_that_fails_to_start_is_tried_again_and_other_errors_are_not(monkeypatch, capsys):
