@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import subprocess
 import uuid
 
 import pytest
-from conftest import PYTHON, REPO, isolated_env, printers, wait_gone
+from conftest import PYTHON, REPO, isolated_env, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -53,27 +52,6 @@ def test_a_bad_spec_fails_before_any_cluster_starts(tmp_path):
     assert proc.returncode == 2
     assert "cluster.nodes: expected a value greater than 0" in proc.stderr
     assert "cluster:" not in proc.stdout
-
-
-def test_sigterm_cancels_the_gang_and_shuts_the_cluster_down(tmp_path):
-    spec = tmp_path / "sleep.yaml"
-    marker = f"a4ray-cancel-{uuid.uuid4().hex[:8]}"
-    spec.write_text(f"kind: command\ncommand: {{argv: [bash, -c, 'echo started; exec -a {marker} sleep 600']}}\n"
-                    f"cluster: {{nodes: 2, gpus_per_node: 1}}\nstorage: {{local_workspace: {tmp_path / 'ws'}}}\n")
-    env = isolated_env(tmp_path)
-    proc = subprocess.Popen([PYTHON, "-m", "a4ray.cli", "run", "-f", str(spec)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen: list[str] = []
-    while printers("".join(seen), "started") != {"n0", "n1"}:  # both nodes are running the command
-        line = proc.stdout.readline()
-        assert line, "".join(seen)
-        seen.append(line)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, "".join(seen) + out
-    assert "cancelled" in out
-    assert not wait_gone(marker), "no process of the launch survives"
-    assert not wait_gone(env["RAY_TMPDIR"]), "the embedded cluster is shut down"
 
 
 def test_ray_job_submit_onto_a4ray_local_up(shared_local_up):

@@ -1,7 +1,8 @@
 """SIGTERM to `a4ray run`'s whole process group, as `timeout` and CI runners send it: the run ends within seconds,
 cancelled, with nothing of it left. The embedded cluster's processes run in sessions of their own, so the signal
 reaches the driver alone, which stops the gang and shuts the cluster down as on Ctrl-C; in the driver's group the
-GCS and raylets died with it and the driver waited 60 s for the GCS before dying without a record."""
+GCS and raylets died with it and the driver waited 60 s for the GCS before dying without a record. (A SIGTERM to the
+driver's pid alone, as `kill` sends it, is the same signal to the same process: this test is that proof too.)"""
 
 from __future__ import annotations
 
