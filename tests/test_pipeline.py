@@ -287,8 +287,9 @@ def test_a_spare_in_a_lost_nodes_place_resumes_from_its_replica_of_the_local_che
     killer.start()
     # Not the straggler check: on a loaded machine node 1 may read slower, and a restart keeps off a straggler too,
     # which leaves no node for the spare's gang (seen in the suite).
-    sets = ["train.output=logs/lost-node", "cluster.spare_nodes=1", "restart.max_restarts=1", "restart.backoff_s=1",
-            "observe.straggler.enabled=false", *cluster.sets]
+    # 20 iterations, not the profile's 30: the persistent save at 20 is the run's last, what a lost node must beat.
+    sets = ["train.output=logs/lost-node", "train.iterations=20", "cluster.spare_nodes=1", "restart.max_restarts=1",
+            "restart.backoff_s=1", "observe.straggler.enabled=false", *cluster.sets]
     code = pipeline_main("qwen3_next", ["--config", PROFILE, "--skip", "preflight", *[a for s in sets
                                                                                      for a in ("--set", s)],
                                         "--result", "lost.json"])
@@ -302,7 +303,7 @@ def test_a_spare_in_a_lost_nodes_place_resumes_from_its_replica_of_the_local_che
     assert "a4ray.mcore: resuming from local checkpoint iteration 15 (newer than the persistent checkpoint " \
            "iteration 10)" in out
     train = json.loads((rehearsal.workspace / "lost.json").read_text())["steps"][3]["result"]
-    assert train["start_iteration"] == 15 and train["iterations"] == 30
+    assert train["start_iteration"] == 15 and train["iterations"] == 20
     run_dir = Path(json.loads((rehearsal.workspace / "lost.json").read_text())["run_dir"])
     losses: dict[int, set[str]] = {}
     for log in run_dir.glob("logs/train/rank-*.log"):
