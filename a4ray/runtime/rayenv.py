@@ -20,9 +20,10 @@ HEAD_ENV = {"GRPC_ENABLE_FORK_SUPPORT": "0"}
 # a slow reply is not a lost node). What a4ray does about a lost node starts then: its gang's restart, a spare in
 # its place, the bundle placed again. A check still times out at Ray's 10 s: a busy machine's slow raylet is not lost.
 #
-# Idle workers: Ray keeps up to a node's CPU count of them (12 on a 3-node cluster), each costing ~0.4 CPU-s a minute
-# for as long as the cluster lives; a simulated cluster's are all on this machine (a `local up` left running all
-# day spent ~9% of a core on them). It keeps none idle for more than 10 s: a burst of tasks still reuses them.
+# Idle workers: Ray keeps up to a node's CPU count of them for as long as the cluster lives, each costing ~0.4 CPU-s a
+# minute; a simulated cluster's are all on this machine (12 on a 3-node cluster after a few runs: 5.1 CPU-s a minute,
+# ~9% of a core, for a `local up` left running all day). It keeps none idle for more than 10 s: a burst of tasks still
+# reuses them (benchmarks/idle_cluster.py).
 SIMULATED_SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
                            "num_workers_soft_limit": 0, "idle_worker_killing_time_threshold_ms": 10_000}
 
