@@ -13,7 +13,7 @@ The settings:
   ray    Ray's defaults: up to a node's CPU count of idle workers kept for the cluster's life, and its log monitor
          globbing the log directory 10 times a second below 1000 files;
   a4ray  what `a4ray.runtime.rayenv` gives a simulated cluster: no worker idle past 10 s, the log monitor's glob twice
-         a second (SIMULATED_SYSTEM_CONFIG, SIMULATED_HEAD_ENV).
+         a second (SIMULATED_IDLE_CONFIG, SIMULATED_HEAD_ENV).
 Prints each round's figures, then the medians and the ratios a4ray / ray (idle CPU: lower is better; busy time: the
 reuse of workers within a burst is kept, so about 1).
 """
@@ -33,7 +33,7 @@ SETTINGS = ("ray", "a4ray")
 
 
 def one(setting: str, idle_s: float) -> dict:
-    """One cluster of `setting`, busy then idle, in this process (run it in a fresh one: Ray's config is per process)."""
+    """One cluster of `setting`, busy then idle, in this process (a fresh one: Ray's config is per process)."""
     import psutil
     import ray
 
@@ -43,8 +43,7 @@ def one(setting: str, idle_s: float) -> dict:
 
     if setting == "ray":  # the settings a4ray adds for idle cost, taken out; the rest (health checks) kept
         simulated.SIMULATED_SYSTEM_CONFIG = {k: v for k, v in rayenv.SIMULATED_SYSTEM_CONFIG.items()
-                                             if k not in ("num_workers_soft_limit",
-                                                          "idle_worker_killing_time_threshold_ms")}
+                                             if k not in rayenv.SIMULATED_IDLE_CONFIG}
         simulated.SIMULATED_HEAD_ENV = {}
     cluster = simulated.SimulatedCluster(3, 2)
     cluster.start()

@@ -47,8 +47,9 @@ def test_a_drivers_last_values_are_exported_before_it_leaves_within_seconds(loca
     goodput) are on its node's metrics endpoint once it has left, after a wait of ~1.5 s, not 10.5 s. What it starts
     keeps Ray's interval: the setting is not left in its environment."""
     run_id = f"export-{tmp_path.name}"
+    env = {k: v for k, v in isolated_env(tmp_path).items() if not k.startswith("RAY_metrics")}
     done = subprocess.run([PYTHON, "-c", _DRIVER, local_cluster.address, run_id], capture_output=True, text=True,
-                          timeout=120, env={k: v for k, v in isolated_env(tmp_path).items() if not k.startswith("RAY_metrics")})
+                          timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "INTERVAL 1000 ENV None" in done.stdout, done.stdout  # not left for what the driver starts
     closed = float(re.search(r"CLOSED IN ([\d.]+)", done.stdout).group(1))
@@ -227,7 +228,6 @@ def test_a_dead_actor_is_reported_with_rays_own_cause(local_cluster):
     with the cause Ray gives, not "the actor died". Ray's memory monitor cannot be made to fire on one worker of
     the shared cluster without killing other tests' workers, so its report is checked on the text it wrote in
     a run with RAY_memory_usage_threshold=0.3 (Ray 2.60), as OutOfMemoryError carries it."""
-    import os
     import signal
 
     from a4ray.runtime.deaths import ACTOR_GONE, why_died

@@ -24,8 +24,9 @@ HEAD_ENV = {"GRPC_ENABLE_FORK_SUPPORT": "0"}
 # minute; a simulated cluster's are all on this machine (12 on a 3-node cluster after a few runs: 5.1 CPU-s a minute,
 # ~9% of a core, for a `local up` left running all day). It keeps none idle for more than 10 s: a burst of tasks still
 # reuses them (benchmarks/idle_cluster.py).
+SIMULATED_IDLE_CONFIG = {"num_workers_soft_limit": 0, "idle_worker_killing_time_threshold_ms": 10_000}
 SIMULATED_SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
-                           "num_workers_soft_limit": 0, "idle_worker_killing_time_threshold_ms": 10_000}
+                           **SIMULATED_IDLE_CONFIG}
 
 # A simulated cluster's head, for its one log monitor (Ray starts none on the nodes it adds: it tails every node's
 # files in their shared session directory). Below 1000 files it globs the log directory 10 times a second; this
