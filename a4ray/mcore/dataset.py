@@ -1,8 +1,9 @@
 """Training data: a staged Megatron indexed dataset (`<prefix>.bin/.idx`) through megatron-core's own
 classes, as Megatron-LM's pretrain_gpt builds it:
 
-* `tokenizer(model_dir)`: megatron-core's `MegatronTokenizer` over the model directory's Hugging Face
-  tokenizer files (the dataset needs its EOD id, pad id and vocab size).
+* `tokenizer(model_dir, keep_in)`: megatron-core's `MegatronTokenizer` over the model directory's Hugging Face
+  tokenizer files (the dataset needs its EOD id, pad id and vocab size), or what the datasets read of it, as
+  that tokenizer answered it in an earlier rank (`TokenizerReads`, kept in the data cache).
 * `gpt_dataset(...)`: `GPTDataset` from `BlendedMegatronDatasetBuilder` with a `GPTDatasetConfig`; the
   document / sample / shuffle index caches go under `<save>/data_cache` (`path_to_cache`), built by
   global rank 0 first, then read by the others.
@@ -15,20 +16,87 @@ classes, as Megatron-LM's pretrain_gpt builds it:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import tempfile
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
 
+# What megatron-core's datasets read of their tokenizer (MegatronDataset and GPTDataset, 0.16): the vocabulary size
+# (the token dtype), the end-of-document, end-of-sequence and pad ids (the pad-collision check and the loss mask),
+# special_tokens_dict where it has one, and its identifiers (part of the index caches' hash).
+DATASET_READS = ("vocab_size", "eod", "eos", "pad", "special_tokens_dict", "unique_identifiers")
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
 
-def tokenizer(model_dir: str | Path):
-    """megatron-core's tokenizer over the HF tokenizer files in `model_dir`."""
+
+def tokenizer(model_dir: str | Path, keep_in: str | Path | None = None):
+    """megatron-core's tokenizer over the HF tokenizer files in `model_dir`, for megatron-core's datasets.
+
+    Loading it imports transformers: ~1 CPU-s in every rank, a seventh of a tiny model's rank. With `keep_in` (the
+    data cache), what the datasets read of it (DATASET_READS) is kept there once, under a key of the tokenizer's
+    files, its path and megatron-core's and transformers' versions; a rank that finds it gets `TokenizerReads` and
+    imports neither (every rank of a restart, and each rank after the first of a launch)."""
+    kept = Path(keep_in) / f"tokenizer-{_key(model_dir)}.json" if keep_in is not None else None
+    if kept is not None and kept.is_file():
+        try:
+            return TokenizerReads(json.loads(kept.read_text()))
+        except (OSError, ValueError):
+            pass  # half-written by a rank that died: made again
     from megatron.core.tokenizers import MegatronTokenizer
 
     # metadata as a dict: nothing is written next to the (read-only, staged) model.
-    return MegatronTokenizer.from_pretrained(tokenizer_path=str(model_dir),
+    made = MegatronTokenizer.from_pretrained(tokenizer_path=str(model_dir),
                                              metadata_path={"library": "huggingface", "model_type": "gpt"})
+    if kept is not None:
+        reads = {}
+        for name in DATASET_READS:  # what it lacks or cannot answer, TokenizerReads lacks too
+            try:
+                reads[name] = getattr(made, name)
+            except (AttributeError, NotImplementedError):
+                pass
+        try:
+            text = json.dumps(reads)
+        except (TypeError, ValueError):  # an answer JSON cannot hold: every rank loads the tokenizer itself
+            return made
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=kept.parent, prefix=f".{kept.name}.", delete=False) as f:
+            f.write(text)
+        os.replace(f.name, kept)
+    return made
+
+
+def _key(model_dir: str | Path) -> str:
+    """The tokenizer's files (every file of the model directory but its weights), by content; its path as given (its
+    identifiers hold it so); the versions of the code that reads them."""
+    h = hashlib.sha256("\0".join([str(model_dir), *map(_version, ("megatron-core", "transformers"))]).encode())
+    for f in sorted(p for p in Path(model_dir).iterdir() if p.is_file() and not p.name.endswith(_WEIGHTS)):
+        h.update(f"\0{f.name}\0".encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "?"
+
+
+class TokenizerReads:
+    """A tokenizer as megatron-core's datasets read it (DATASET_READS), answered as megatron-core's own tokenizer
+    answered in the rank that kept it; what that one lacked, this lacks."""
+
+    def __init__(self, reads: dict):
+        self._reads = reads
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name not in self._reads:
+            raise AttributeError(name)
+        return self._reads[name]
 
 
 def check_prefix(prefix: str) -> None:

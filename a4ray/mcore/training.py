@@ -704,9 +704,14 @@ def main(argv: list[str] | None = None) -> int:
         say(f"error: {error}")
         exit_distributed(2)
 
+    data_cache = Path(args.data_cache_path or save / "data_cache")
+    # Global rank 0 first, as the index caches below: it keeps what the dataset reads of the tokenizer, and the
+    # other ranks (where they share the cache) read that rather than import transformers.
+    tok = dataset.tokenizer(args.model, data_cache) if dist.get_rank() == 0 else None
+    dist.barrier()
     samples = dataset.gpt_dataset(
         args.data_path, seq_len=args.seq_length, num_samples=args.train_iters * args.global_batch_size, seed=args.seed,
-        tok=dataset.tokenizer(args.model), cache_dir=args.data_cache_path or save / "data_cache",
+        tok=tok if tok is not None else dataset.tokenizer(args.model, data_cache), cache_dir=data_cache,
         explicit_mask=naming == "local" or shims.needed())  # TE's attention builds its causal mask itself
     batches = dataset.Batches(samples, global_batch=args.global_batch_size, micro_batch=args.micro_batch_size,
                            dp_rank=parallel_state.get_data_parallel_rank(), dp_size=dp)
