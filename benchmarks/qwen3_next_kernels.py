@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from a4ray.hf2mcore.hf import HFCheckpoint  # noqa: E402
-from a4ray.mcore import checkpointing, shims  # noqa: E402
+from a4ray.mcore import checkpoint_dirs, checkpointing, shims  # noqa: E402
 from a4ray.mcore.hybrid import delta_rule_path  # noqa: E402
 from a4ray.mcore.model import gpt_model, init_standalone  # noqa: E402
 
@@ -32,7 +32,7 @@ from a4ray.mcore.model import gpt_model, init_standalone  # noqa: E402
 def logits(arch, converted: Path, kernel: str, dtype: torch.dtype, tokens: torch.Tensor) -> torch.Tensor:
     model = gpt_model(arch, naming="local", dtype=dtype, kernel=kernel).cuda()  # (the shared expert's gate
     # is made on the CPU; the trainer's DDP wrapper moves it as this does)
-    checkpointing.load_weights(model, checkpointing.converted_dir(converted), arch, "local")
+    checkpointing.load_weights(model, checkpoint_dirs.converted_dir(converted), arch, "local")
     seq = tokens.shape[1]
     with torch.no_grad():
         out = model(input_ids=tokens, position_ids=torch.arange(seq, device=tokens.device).expand_as(tokens),

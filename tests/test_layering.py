@@ -26,12 +26,9 @@ DEFERRED = {
     "a4ray.staging.standins": {
         "a4ray.staging.tiny": "transformers takes seconds to import; only making the stand-ins needs it",
     },
-    "a4ray.driver.kinds": {
-        "a4ray.hf2mcore.converter": "it imports torch (2-3 s of CPU); only a convert job or a pipeline needs it",
-        "a4ray.pipeline.runner": "it runs the converter (torch); only a recipe's job needs it",
-    },
-    "a4ray.pipeline.rehearsal": {
-        "a4ray.pipeline.runner": "it runs the converter (torch); the driver asks the rehearsal's questions first",
+    "a4ray.hf2mcore.converter": {
+        "a4ray.hf2mcore.native": "it and torch take 1.8 s of CPU; planning a conversion (a dry run) needs neither",
+        "a4ray.hf2mcore.verify": "it imports torch's checkpoint stack; only a conversion's check needs it",
     },
     "a4ray.staging.sources": {
         "a4ray.staging.sources.hub": "huggingface_hub is imported only for hf:// sources",

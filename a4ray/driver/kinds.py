@@ -4,8 +4,6 @@ A job is what the driver runs for a spec: `check()` refuses what would fail late
 running it would do (nothing runs, no cluster), `run(conn, run_dir)` does it on the connected cluster and
 returns its typed result. Gang workloads, a recipe's pipeline, staging and conversion are all jobs.
 Importing this module also defines every job's result class, so `result.json` of any kind reads back typed.
-The converter and the pipeline (which runs it) are imported when a job of theirs is made: they import torch
-(2-3 s of CPU), which a driver of any other kind, the CLI's other commands and `a4ray.load_result` skip.
 """
 
 from __future__ import annotations
@@ -19,8 +17,8 @@ from pydantic import BaseModel
 from a4ray.core.errors import SpecError
 from a4ray.core.results import Result
 from a4ray.core.rundir import RunDir
-from a4ray.hf2mcore import convert_result  # noqa: F401 - defines ConvertResult
-from a4ray.pipeline import pipeline_result  # noqa: F401 - defines PipelineResult
+from a4ray.hf2mcore.converter import ConvertWorkload
+from a4ray.pipeline.runner import Pipeline
 from a4ray.runtime.connect import Connection
 from a4ray.spec.job import JobSpec
 from a4ray.spec.recipes import RECIPE_KINDS
@@ -42,22 +40,10 @@ class Job(Protocol):
     def run(self, conn: Connection, run_dir: RunDir) -> Result: ...
 
 
-def _convert(spec: JobSpec) -> Job:
-    from a4ray.hf2mcore.converter import ConvertWorkload
-
-    return ConvertWorkload(spec)
-
-
-def _pipeline(spec: JobSpec) -> Job:
-    from a4ray.pipeline.runner import Pipeline
-
-    return Pipeline(spec)
-
-
 JOBS: dict[str, Callable[[JobSpec], Job]] = {
     "command": Command, "ddp_test": DDPTest, "nccl_test": NcclTest, "deepep_test": DeepEPTest,
-    "convert": _convert, "stage": Staging,
-    **{kind: _pipeline for kind in RECIPE_KINDS},
+    "convert": ConvertWorkload, "stage": Staging,
+    **{kind: Pipeline for kind in RECIPE_KINDS},
 }
 
 

@@ -13,9 +13,9 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import ray
-import torch
 
 from a4ray.core.console import say
 from a4ray.core.errors import (
@@ -27,7 +27,7 @@ from a4ray.core.errors import (
     VerifyFailed,
 )
 from a4ray.core.rundir import RunDir
-from a4ray.hf2mcore import backends, native, verify
+from a4ray.hf2mcore import backends
 from a4ray.hf2mcore.cache import (
     CONVERTER_VERSION,
     ConvertRecord,
@@ -47,6 +47,11 @@ from a4ray.runtime.connect import Connection
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.spec.conversion import ConvertJob
 from a4ray.workloads.workload import Plan, Workload
+
+# torch, and the native backend's and the verifier's modules (torch's DCP writer and more, 1.8 CPU-s), are imported
+# where a conversion opens, writes or checks a checkpoint: a plan (a dry run's, the pipeline's A4 plan) needs none.
+if TYPE_CHECKING:
+    import torch
 
 
 class ConvertPlan(Plan):
@@ -149,6 +154,8 @@ class ConvertWorkload(Workload[ConvertJob]):
         return json.loads((path / "config.json").read_text()) if path else {}
 
     def _native_details(self) -> list[str]:
+        from a4ray.hf2mcore import native
+
         c = self.spec.convert
         head = [f"{self.spec.cluster.nodes} node(s) x {c.tasks_per_node} task(s), {c.naming} naming, {c.format}"]
         path = self._input_from_here()
@@ -224,6 +231,8 @@ class ConvertWorkload(Workload[ConvertJob]):
 
     def _convert(self, job: _Job, conn: Connection, run_dir: RunDir, log_dir: Path | None, t0: float) -> ConvertResult:
         """Convert into a temporary directory, verify it there, then commit it (or leave nothing)."""
+        from a4ray.hf2mcore import native
+
         c = self.spec.convert
         native_plan = native.plan(job.hf, job.arch, self.spec, job.dtype) if c.backend == "native" else None
         native.check_disk(job.out.root, native_plan.nbytes if native_plan else job.hf.nbytes)
@@ -309,6 +318,8 @@ class ConvertWorkload(Workload[ConvertJob]):
 
     # --------------------------------------------------------------------------- the backends
     def _run_native(self, hf, native_plan, tmp: Path) -> list[PartRecord]:
+        from a4ray.hf2mcore import native
+
         native.check_memory(self.spec, self.spec.convert.tasks_per_node * native_plan.task_memory, "the conversion")
         placement = native.Placement(self.spec, native_plan.task_memory)
         try:
@@ -327,6 +338,8 @@ class ConvertWorkload(Workload[ConvertJob]):
                                 hint=f"per-node logs: {gang_result.log_dir}")
 
     def _check_verify_memory(self, arch) -> None:
+        from a4ray.hf2mcore import verify
+
         need = verify.memory_needed(arch, self.spec.convert.verify)
         resource = self.spec.cluster.node_resource
         best = max((n["Resources"].get("memory", 0) for n in ray.nodes()
@@ -338,6 +351,8 @@ class ConvertWorkload(Workload[ConvertJob]):
                 hint="set convert.verify.logits=false (the round-trip check streams and needs little memory)")
 
     def _verify(self, root: Path, source: Path, arch) -> VerifyReport:
+        from a4ray.hf2mcore import native, verify
+
         c = self.spec.convert
         say(f"convert: verifying {root} against {source} (round trip: {c.verify.round_trip}, "
             f"logits: {c.verify.logits})")
@@ -383,6 +398,8 @@ def _verifiable(hf):
 
 def _versions(backend: str, repo: str) -> dict:
     """Versions of what writes the bytes (ms-swift's is an option: the image's, as the user declares it)."""
+    import torch
+
     versions = {"a4ray_converter": CONVERTER_VERSION, "torch": ".".join(torch.__version__.split(".")[:2])}
     if backend == "pai":
         versions["pai_commit"] = _git_head(repo)

@@ -16,16 +16,18 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from a4ray.core.errors import ConvertInputError
 from a4ray.mcore.architecture import Architecture
 
+if TYPE_CHECKING:  # imported where a checkpoint is opened: a plan that reads none (a dry run's) needs no torch
+    import torch
+
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 STAGING_MANIFEST = "manifest.json"  # written by a4ray's staging step next to the files it staged
-_SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}  # torch's names
 _MAX_LISTED = 8
 
 
@@ -44,6 +46,8 @@ class TensorInfo:
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
     """The tensors of one safetensors file; refuses a truncated or foreign file, naming it."""
+    import torch
+
     size = path.stat().st_size
     with open(path, "rb") as f:
         length = int.from_bytes(f.read(8), "little")
@@ -54,7 +58,7 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+        dtype = getattr(torch, _SAFETENSORS_DTYPES.get(entry["dtype"], ""), None)
         if dtype is None:
             raise ConvertInputError(f"input {path}: tensor {name} has dtype {entry['dtype']}, "
                                     f"not one of {', '.join(_SAFETENSORS_DTYPES)}")
@@ -176,6 +180,8 @@ class TensorReader:
             done += n
 
     def get(self, name: str) -> torch.Tensor:
+        import torch
+
         info = self.checkpoint.tensors[name]
         out = torch.empty(info.nbytes, dtype=torch.uint8)
         self.read_rows(name, 0, memoryview(out.numpy()))

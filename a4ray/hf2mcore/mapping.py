@@ -38,18 +38,22 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from a4ray.mcore.architecture import Architecture, Naming
 from a4ray.mcore.names import CONV_PARTS, IN_PROJ_PARTS, LAYERS, names
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+if TYPE_CHECKING:  # torch is imported where tensors are made: planning (a dry run's) needs none
+    import torch
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
+           "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    return _DTYPES[name]
+    import torch
+
+    return getattr(torch, _DTYPES[name])
 
 
 # ----------------------------------------------------------------------------------------- names
@@ -405,6 +409,8 @@ def to_mcore(slot: Slot, tensors: list[torch.Tensor], arch: Architecture,
              dtype: torch.dtype | None = None) -> torch.Tensor:
     """Build the slot's mcore tensor from its HF tensors (in `slot.sources` order), in `dtype` (default: theirs)
     as the writer builds it."""
+    import torch
+
     runs = [tensors[i][first:first + rows] for i, first, rows in segments(slot, arch)]
     out = runs[0] if len(runs) == 1 else torch.cat(runs)
     dtype = dtype or out.dtype
@@ -416,6 +422,8 @@ def to_hf(slot: Slot, tensor: torch.Tensor, arch: Architecture,
     """The inverse of `to_mcore`: the slot's HF tensors from its mcore tensor. `into` (HF name -> tensor)
     collects the HF tensors that several slots fill part of (Qwen3-Next's in_proj and conv1d); missing ones
     are created there."""
+    import torch
+
     into = {} if into is None else into
     if slot.shift:
         tensor = (tensor.float() - slot.shift).to(tensor.dtype)

@@ -33,7 +33,8 @@ from a4ray.hf2mcore.writer import LEGACY_FILE
 from a4ray.mcore import model as mcore_model
 from a4ray.mcore import shims
 from a4ray.mcore.architecture import Architecture, Naming
-from a4ray.mcore.checkpointing import TRACKER, iteration_dir, read_tracker
+from a4ray.mcore.checkpoint_dirs import iteration_dir, read_tracker
+from a4ray.mcore.names import TRACKER
 from a4ray.spec.conversion import VerifySpec
 
 # What reading a damaged checkpoint raises (DCP's CheckpointException is a BaseException).

@@ -22,7 +22,7 @@ blocks for that copy only) and a forked writer per rank writes them; once every 
 finalization (DCP's .metadata, mcore's metadata.json, then the rename and the tracker, last) runs on every rank at
 a later iteration. A save still in flight when its rank dies leaves only its `.iter_*.tmp`: never the newest.
 
-Loading: `newest_complete(save)` (the trainer's own checkpoints: model, optimizer, scheduler, iteration,
+Loading: `checkpoint_dirs.newest_complete(save)` (the trainer's own checkpoints: model, optimizer, scheduler, iteration,
 RNG) wins over `initial` (a converted checkpoint, e.g. the native converter's `release`: model weights
 only, tensors checked against the model first by `check_shapes`).
 """
@@ -42,90 +42,12 @@ import torch
 import torch.distributed as dist
 
 from a4ray.mcore.architecture import Architecture, Naming
-from a4ray.mcore.names import CHECKPOINT_VERSION, RELEASE, TRACKER, sharded_renames
+from a4ray.mcore.checkpoint_dirs import iteration_dir
+from a4ray.mcore.names import CHECKPOINT_VERSION, TRACKER, sharded_renames
 
 
 class CheckpointMismatch(ValueError):
     """A checkpoint's tensors do not fit the model the config describes."""
-
-
-# ----------------------------------------------------------------------------------------- layout
-
-
-def iteration_dir(root: Path, iteration: int | str) -> Path:
-    return Path(root) / (RELEASE if iteration == RELEASE else f"iter_{int(iteration):07d}")
-
-
-def read_tracker(root: Path) -> int | str | None:
-    """The tracker's iteration (an int, or "release"); None if there is none or it is unreadable."""
-    try:
-        value = (Path(root) / TRACKER).read_text().strip()
-    except OSError:
-        return None
-    if value == RELEASE:
-        return RELEASE
-    try:
-        return int(value)
-    except ValueError:
-        return None
-
-
-def is_complete(directory: Path) -> bool:
-    """mcore writes metadata.json after every rank's data and DCP's .metadata are in place. (common.pt, the
-    non-tensor state, is a file of its own up to megatron-core 0.16; from 0.19 it is inside DCP's files.)"""
-    return all((directory / name).is_file() for name in ("metadata.json", ".metadata"))
-
-
-def newest_complete(save: Path) -> int | None:
-    """The iteration to resume from: the tracker's, if its directory is complete, else the newest complete
-    `iter_*` directory (a tracker lost or older than a renamed-in iteration)."""
-    save = Path(save)
-    candidates = []
-    named = read_tracker(save)
-    if isinstance(named, int):
-        candidates.append(named)
-    for d in save.glob("iter_*"):
-        try:
-            candidates.append(int(d.name.removeprefix("iter_")))
-        except ValueError:
-            continue
-    for iteration in sorted(set(candidates), reverse=True):
-        if is_complete(iteration_dir(save, iteration)):
-            return iteration
-    return None
-
-
-def incomplete_after(save: Path, iteration: int | None) -> list[tuple[int, str]]:
-    """Checkpoints newer than `iteration` that are not loaded, each with why: a save that died leaves its
-    `.iter_NNNNNNN.tmp` (a rank killed while writing), a directory without mcore's closing metadata."""
-    found: dict[int, str] = {}
-    for d in Path(save).glob(".iter_*.tmp"):
-        try:
-            found[int(d.name.removeprefix(".iter_").removesuffix(".tmp"))] = (
-                f"{d.name}: its save did not finish (a rank died while writing it)")
-        except ValueError:
-            continue
-    for d in Path(save).glob("iter_*"):
-        try:
-            number = int(d.name.removeprefix("iter_"))
-        except ValueError:
-            continue
-        if not is_complete(d):
-            found.setdefault(number, f"{d.name}: incomplete (no metadata.json or .metadata)")
-    return sorted((n, why) for n, why in found.items() if iteration is None or n > iteration)
-
-
-def converted_dir(root: Path) -> Path:
-    """The checkpoint directory a converted model's tracker names (`release` for a4ray's converter)."""
-    root = Path(root)
-    named = read_tracker(root)
-    if named is None:
-        raise FileNotFoundError(f"{root}: no {TRACKER}; not a Megatron checkpoint directory")
-    directory = iteration_dir(root, named)
-    if not is_complete(directory):
-        raise FileNotFoundError(f"{directory}: not a complete torch_dist checkpoint "
-                                "(metadata.json and .metadata expected)")
-    return directory
 
 
 # ---------------------------------------------------------------------------------- state dicts

@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from a4ray.mcore import checkpointing, dataset, shims
+from a4ray.mcore import checkpoint_dirs, checkpointing, dataset, shims
 from a4ray.mcore.architecture import Architecture
 from a4ray.mcore.hybrid import delta_rule_path
 from a4ray.mcore.local_checkpoints import LocalCheckpoints
@@ -240,8 +240,8 @@ def load_weights(args: argparse.Namespace, arch, naming: str, module, optimizer,
     """Resume from the newest of --save's and the local checkpoints, else start from --load; returns (iteration
     done, where from)."""
     save = Path(args.save).resolve()
-    resume = checkpointing.newest_complete(save)
-    for skipped, why in checkpointing.incomplete_after(save, resume):
+    resume = checkpoint_dirs.newest_complete(save)
+    for skipped, why in checkpoint_dirs.incomplete_after(save, resume):
         say(f"not loading checkpoint iteration {skipped}: {why}; "
             + (f"the newest complete one is iteration {resume}" if resume is not None else "no complete one"))
     newest_local = None
@@ -265,7 +265,7 @@ def load_weights(args: argparse.Namespace, arch, naming: str, module, optimizer,
             f"optimizer, scheduler, RNG (learning rate {scheduler.get_lr(optimizer.param_groups[0]):.6E})")
         return iteration, f"local checkpoint iteration {iteration}"
     if resume is not None:
-        directory = checkpointing.iteration_dir(save, resume)
+        directory = checkpoint_dirs.iteration_dir(save, resume)
         say(f"busy: loading checkpoint iteration {resume}")  # the hang watchdog's pace and quiet windows wait
         t0 = time.perf_counter()
         loaded = checkpointing.load_resume(directory, module, optimizer, scheduler, use_dist_opt)
@@ -276,7 +276,7 @@ def load_weights(args: argparse.Namespace, arch, naming: str, module, optimizer,
             f"(learning rate {scheduler.get_lr(optimizer.param_groups[0]):.6E}){older}")
         return iteration, str(directory)
     if args.load:
-        directory = checkpointing.converted_dir(Path(args.load))
+        directory = checkpoint_dirs.converted_dir(Path(args.load))
         say(f"busy: loading the converted checkpoint {directory}")
         theirs = checkpointing.load_weights(module, directory, arch, naming)  # CheckpointMismatch before training
         say("done: loading the checkpoint")
@@ -538,7 +538,7 @@ def persist_local_instead(args: argparse.Namespace, notice: Notice, local: Local
     left, estimate = notice.time_left(args.notice_grace_s, full_save.seconds)
     if estimate <= left:
         return False
-    newest, persistent = local.newest(), checkpointing.newest_complete(Path(args.save).resolve())
+    newest, persistent = local.newest(), checkpoint_dirs.newest_complete(Path(args.save).resolve())
     why = (f"a full save takes ~{estimate:.1f}s (the last one) and {max(left, 0):.1f}s of the {args.notice_grace_s:g}s "
            f"grace period are left")
     if newest is None or (persistent is not None and newest <= persistent):
@@ -747,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
         report_loop("megatron", world_size=world, backend=backend, devices=devices, iterations=args.train_iters,
                     start=start, losses=result["losses"], step_times=result["step_times"],
                     tokens_per_step=args.global_batch_size * args.seq_length,
-                    checkpoint=result["checkpoint"] or str(checkpointing.iteration_dir(save, start)),
+                    checkpoint=result["checkpoint"] or str(checkpoint_dirs.iteration_dir(save, start)),
                     precision=dtype, parallel={"tp": args.tp, "pp": args.pp, "cp": args.cp, "ep": args.ep, "dp": dp},
                     distributed_optimizer=use_dist_opt)
     exit_distributed(0)

@@ -20,6 +20,7 @@ from a4ray.core.console import say
 from a4ray.core.errors import A4RayError, SpecError, UnsupportedModel
 from a4ray.mcore.architecture import Architecture
 from a4ray.pipeline.pipeline_result import PipelineResult
+from a4ray.pipeline.runner import Pipeline
 from a4ray.runtime.simulated import local_root
 from a4ray.spec.loader import load_job
 from a4ray.spec.overrides import Given, parse_sets
@@ -61,8 +62,6 @@ def fit_to_nodes(kind: str, profile: str | Path, sets: Sequence[Given], flag: st
                 f"experts of the profile's models and its {spec.cluster.world_size} GPUs); the global batch: "
                 f"{load_job(profile, [*sets, *overrides], kind=kind).global_batch} (one micro-batch per "
                 "data-parallel rank)")
-    from a4ray.pipeline.runner import Pipeline  # imports torch (the converter): only where a rehearsal is run
-
     try:
         Pipeline(load_job(profile, [*sets, *overrides], kind=kind)).check()
     except SpecError as error:
@@ -110,8 +109,6 @@ def a4_summary(kind: str, sets: Sequence[Given], result: PipelineResult) -> str:
     for step in result.steps:
         lines += [f"  {step.name}: {what}: {path}" for what, path in step.outputs.items()]
     lines.append(f"  logs: {result.run_dir}/logs/<step> (one file per node and per rank)")
-    from a4ray.pipeline.runner import Pipeline  # imports torch (the converter): only where a rehearsal is run
-
     try:
         a4 = load_job(None, sets, kind=kind)
         Pipeline(a4).check()

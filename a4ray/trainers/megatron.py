@@ -15,7 +15,8 @@ from pathlib import Path, PurePosixPath
 from a4ray.core.errors import UnsupportedModel
 from a4ray.core.node_history import NodeHistory
 from a4ray.mcore.architecture import Architecture
-from a4ray.mcore.checkpointing import TRACKER, newest_complete
+from a4ray.mcore.checkpoint_dirs import newest_complete
+from a4ray.mcore.names import TRACKER
 from a4ray.runtime.launch import GangResult, Launch, NodeContext
 from a4ray.runtime.notice import NOTICE_SIGNAL
 from a4ray.spec.conversion import ConvertSpec

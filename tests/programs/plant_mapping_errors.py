@@ -22,7 +22,7 @@ import torch
 
 from a4ray.hf2mcore import verify
 from a4ray.hf2mcore.hf import HFCheckpoint
-from a4ray.mcore import checkpointing
+from a4ray.mcore import checkpoint_dirs, checkpointing
 from a4ray.mcore.model import gpt_model, init_standalone
 from a4ray.spec.conversion import VerifySpec
 
@@ -54,7 +54,7 @@ def main(converted: str, hf_dir: str, out: str, errors: list[str]) -> None:
     arch = HFCheckpoint.open(hf_dir).architecture()
     for error in errors:
         model = gpt_model(arch, naming="local")
-        checkpointing.load_weights(model, checkpointing.converted_dir(Path(converted)), arch, "local")
+        checkpointing.load_weights(model, checkpoint_dirs.converted_dir(Path(converted)), arch, "local")
         layers = model.decoder.layers
         with torch.no_grad():
             if error == "in_proj_groups":

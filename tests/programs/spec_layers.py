@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from a4ray.hf2mcore.hf import HFCheckpoint
-from a4ray.mcore import checkpointing
+from a4ray.mcore import checkpoint_dirs, checkpointing
 from a4ray.mcore.model import gpt_model, have_te, init_standalone
 
 
@@ -28,7 +28,7 @@ def main(converted: str, hf_dir: str) -> None:
     out = {}
     for naming in ["local"] + (["te"] if have_te() else []):
         model = gpt_model(arch, naming=naming)
-        checkpointing.load_weights(model, checkpointing.converted_dir(Path(converted)), arch, naming)
+        checkpointing.load_weights(model, checkpoint_dirs.converted_dir(Path(converted)), arch, naming)
         # SwiGLU's fc1 is a factory (its gate and up halves); its global shape is not one tensor's.
         experts = {item.key: list(item.global_shape) if isinstance(item, ShardedTensor) else None
                    for item in nested_values(model.sharded_state_dict())
