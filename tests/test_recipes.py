@@ -302,3 +302,26 @@ def test_without_a_cluster_the_local_profile_is_used_or_the_gap_is_named(monkeyp
         # Both convert natively, never skipped: the trainer loads megatron-core's own layout.
         assert "[convert] a4ray's native converter: Ray tasks over layer ranges" in plan(spec)
     assert "the built-in trainer" not in plan(load_job(REPO / "jobs" / "qwen3_next_local.yaml"))
+
+
+def test_the_a4_plan_and_a_backends_dry_run_import_no_torch(tmp_path):
+    """The README's `python -m a4ray.qwen3_next --dry-run` (the A4 plan) and a pai conversion's dry run read specs and
+    configs only: torch (and the converter's DCP writer behind it, 1.8 CPU-s) is imported where a checkpoint is opened,
+    written or checked, never for a plan."""
+    import subprocess
+    import sys
+
+    model = tmp_path / "Qwen3-30B-A3B"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 48,
+                                                   "hidden_size": 2048, "num_experts": 128}))
+    probe = ("import runpy, sys; sys.argv = sys.argv[1:]; "
+             "code = 0\ntry: runpy.run_module(sys.argv[0], run_name='__main__')\n"
+             "except SystemExit as end: code = end.code\n"
+             "print('TORCH', 'torch' in sys.modules, 'EXIT', code)")
+    for argv in (["a4ray.qwen3_next", "--dry-run"],
+                 ["a4ray.convert", "--dry-run", "--set", f"convert.input={model}", "--set", "convert.backend=pai",
+                  "--set", "convert.pai.repo=/opt/pai", "--set", f"storage.workspace={tmp_path}"]):
+        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=120)
+        assert done.stdout.strip().endswith("TORCH False EXIT 0"), (argv, done.stdout[-2000:], done.stderr[-2000:])
