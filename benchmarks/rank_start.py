@@ -49,7 +49,8 @@ def one(setting: str, standins: dict[str, Path], save: Path, ranks: int, iterati
            "--train-iters", str(iterations), "--ep", str(ranks), "--naming", "local", "--save-interval", "1000"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "OMP_NUM_THREADS": "1"}
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(save.parent)}  # torchrun's torchelastic_* directories go with the benchmark's
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
