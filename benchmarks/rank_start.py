@@ -19,7 +19,6 @@ import argparse
 import os
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,13 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from a4ray.core.ports import free_port
+
 SETTINGS = ("every", "first", "kept")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def one(setting: str, standins: dict[str, Path], save: Path, ranks: int, iterations: int) -> dict:

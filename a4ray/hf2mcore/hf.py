@@ -58,10 +58,10 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        dtype = getattr(torch, _SAFETENSORS_DTYPES.get(entry["dtype"], ""), None)
-        if dtype is None:
+        if entry["dtype"] not in _SAFETENSORS_DTYPES:
             raise ConvertInputError(f"input {path}: tensor {name} has dtype {entry['dtype']}, "
                                     f"not one of {', '.join(_SAFETENSORS_DTYPES)}")
+        dtype = getattr(torch, _SAFETENSORS_DTYPES[entry["dtype"]])
         begin, end = entry["data_offsets"]
         if base + end > size:
             raise ConvertInputError(f"input {path}: truncated ({size} bytes; tensor {name} ends at byte {base + end})",
