@@ -104,12 +104,15 @@ def test_the_headline_command_after_staging_directly_rehearses_on_simulated_node
     made = subprocess.run([PYTHON, "-m", "a4ray.cli", "standins", "--out", ".a4ray/standins"], cwd=checkout,
                           env=up.env, capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stderr
-    headline = _submit(up, PYTHON, "-m", "a4ray.qwen3_next", "--skip", "preflight,train")
+    # Its stage step alone: the other steps as a Ray job onto `local up` are test_dashboard's notebook run's (converted,
+    # verified, preflighted, trained there).
+    headline = _submit(up, PYTHON, "-m", "a4ray.qwen3_next", "--skip", "convert,preflight,train")
     out = headline.stdout + headline.stderr
     assert headline.returncode == 0, out[-4000:]
     said = [line for line in out.splitlines() if "rehearsing" in line]
     assert len(said) == 1 and "simulated A4 nodes" in said[0] and "qwen3_next_local.yaml" in said[0], said
     assert "3 artifact(s) (3 cached)" in out, out[-4000:]
+    assert "step convert: skipped: --skip convert (no step after it runs)" in out, out[-4000:]
 
 
 def test_a_process_record_outlives_a_step_of_the_wall_clock(monkeypatch):

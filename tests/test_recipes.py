@@ -224,6 +224,11 @@ def test_dry_run_of_skips_names_what_must_exist(capsys):
     assert pipeline_main("qwen3_next", ["--dry-run", "--from", "train"]) == 0
     out = capsys.readouterr().out
     assert "[convert] skipped: --from train" in out and "[train] Pai-Megatron-Patch" in out
+    # Where no later step runs, nothing reads a skipped step's outputs: staging alone asks for no checkpoint.
+    assert pipeline_main("qwen3_next", ["--dry-run", "--skip", "convert,preflight,train"]) == 0
+    out = capsys.readouterr().out
+    assert "[convert] skipped: --skip convert" in out and "must exist" not in out, out
+    assert "[stage] " in out and "[stage] skipped" not in out
 
 
 def test_unknown_steps_and_bad_specs_are_refused(capsys, tmp_path):

@@ -74,7 +74,7 @@ VERIFY = Option(("--verify",), "verify the checkpoint (default for the native ba
                 {"dest": "verify", "action": "store_true", "default": None})
 NO_VERIFY = Option(("--no-verify",), "skip verification", lambda value: ["convert.verify.enabled=false"]
                    if value is False else [], {"dest": "verify", "action": "store_false"})
-SKIP = Option(("--skip",), f"steps not to run ({', '.join(STEPS)}); their outputs must exist",
+SKIP = Option(("--skip",), f"steps not to run ({', '.join(STEPS)}); their outputs must exist where a later step runs",
               lambda items: [f"pipeline.skip=[{','.join(s.strip() for i in items for s in i.split(',') if s.strip())}]"]
               if items else [], {"action": "append", "default": [], "metavar": "STEP[,STEP]"})
 FROM = Option(("--from",), "begin at this step (earlier ones are skipped)",

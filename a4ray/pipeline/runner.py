@@ -59,7 +59,7 @@ class Pipeline:
         for step in steps_of(spec, ws):
             reason = _skip_reason(spec, step) or step.not_needed()
             lines.append(f"\n[{step.name}] " + (f"skipped: {reason}" if reason else step.runs()))
-            if spec.pipeline.skipped(step.name) and not step.not_needed():
+            if spec.pipeline.skipped(step.name) and spec.pipeline.read_later(step.name) and not step.not_needed():
                 lines += [f"  must exist: {what}: {path}" for what, path in step.outputs(ws).items()]
             elif not reason:
                 lines += [f"  {line}" for line in step.plan(ws)]
@@ -117,6 +117,8 @@ def _run_step(step: Step, ctx: Context) -> StepResult:
             detail = skip
             if not_needed:
                 detail += f" (not needed anyway: {not_needed})"
+            elif not spec.pipeline.read_later(step.name):
+                detail += " (no step after it runs)"
             else:
                 lost = nodefs.missing(spec.cluster, step.outputs(ctx.workspace))
                 if lost:

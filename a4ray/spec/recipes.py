@@ -45,6 +45,11 @@ class PipelineSpec(Spec):
     def skipped(self, step: str) -> bool:
         return step in self.skip or (self.start is not None and STEPS.index(step) < STEPS.index(self.start))
 
+    def read_later(self, step: str) -> bool:
+        """Whether a step after `step` runs, and so may read what `step` makes (a skipped step's outputs must exist
+        only then: `--skip convert,preflight,train` stages and nothing else)."""
+        return any(not self.skipped(later) for later in STEPS[STEPS.index(step) + 1:])
+
 
 def _merged(defaults: Any, given: Any) -> Any:
     """`given` layered over `defaults`, mapping by mapping; anything else given replaces the default."""
