@@ -2,8 +2,8 @@
 
 Tests that damage nodes (remove them) or need nodes with an environment of their own take `extra_nodes`:
 nodes added to the session cluster for the test, of a machine type of their own (so only the test's gang
-lands on them), removed after it: seconds, where a cluster of their own (`fresh_cluster`) costs a cluster's
-start and the session's reconnect. Subprocess tests that must not find the session cluster run with
+lands on them), removed after it: seconds, where a cluster of their own costs a cluster's start and the
+session's reconnect. Subprocess tests that must not find the session cluster run with
 `isolated_env()` (their own RAY_TMPDIR, no RAY_ADDRESS).
 
 `make test` runs the suite on two pytest-xdist workers side by side (`-n 2 --dist loadfile`, see the Makefile):
@@ -117,7 +117,7 @@ def _its_clusters_end_with_it():
 
 # A test that takes one of these runs on a Ray cluster: it is `slow`, out of the quick tier (`make test-quick`, which
 # fails where a test it runs starts a cluster anyway: tests/suite_guard.py counts them).
-CLUSTER_FIXTURES = {"_session_cluster", "local_cluster", "fresh_cluster", "extra_nodes", "shared_local_up"}
+CLUSTER_FIXTURES = {"_session_cluster", "local_cluster", "extra_nodes", "shared_local_up"}
 
 
 def pytest_collection_modifyitems(items):
@@ -134,9 +134,8 @@ def _session_cluster():
                                node_env={i: {"A4RAY_TEST_API_KEY": NODE_SECRET} for i in range(SESSION_NODES)})
     cluster.start()
     yield cluster
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster.shutdown()
+    cluster.shutdown()  # this process still connected (local_cluster): the shutdown disconnects it first
+    assert not ray.is_initialized() or ray.get_runtime_context().gcs_address != cluster.address
 
 
 @pytest.fixture
@@ -147,31 +146,6 @@ def local_cluster(_session_cluster):
     if not ray.is_initialized():
         ray.init(address=_session_cluster.address, namespace=NAMESPACE)
     return _session_cluster
-
-
-@pytest.fixture
-def fresh_cluster():
-    """A private cluster factory for tests that kill nodes; the session cluster is left alone (and
-    reconnected afterwards if it was connected)."""
-    made: list[SimulatedCluster] = []
-    previous = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
-
-    def make(nodes: int = 2, gpus: int = 1, **kw) -> SimulatedCluster:
-        if ray.is_initialized():
-            ray.shutdown()
-        cluster = SimulatedCluster(nodes, gpus, **kw)
-        cluster.start()
-        ray.init(address=cluster.address, namespace=NAMESPACE)
-        made.append(cluster)
-        return cluster
-
-    yield make
-    if ray.is_initialized():
-        ray.shutdown()
-    for cluster in made:
-        cluster.shutdown()
-    if previous:
-        ray.init(address=previous, namespace=NAMESPACE)
 
 
 class ExtraNodes:

@@ -516,6 +516,14 @@ class SimulatedCluster:
         self.cluster.remove_node(node, allow_graceful=False)
         shutil.rmtree(self._node_dir(index), ignore_errors=True)
 
+    def _disconnect(self) -> None:
+        """This process leaves the cluster first where it is connected to it (`ray.init(address=...)`): Ray refuses to
+        remove the head a driver is connected to, and at exit its own handler may run only after this one."""
+        import ray
+
+        if ray.is_initialized() and ray.get_runtime_context().gcs_address == self.address:
+            ray.shutdown()
+
     def describe(self) -> str:
         gpus = "real GPU slices" if self._gpu_slices else "logical GPUs"
         return (f"{self.name} at {self.address}: {self.nodes} simulated {self.machine_type} "
@@ -526,6 +534,7 @@ class SimulatedCluster:
             self.prometheus.stop()
         if self.cluster is not None:
             say(f"shutting down the {self.name}")
+            self._disconnect()
             left_behind = _forkserver_dirs(self.cluster.head_node)
             with _unadvertised(private=not self.shared):  # Ray's shutdown removes the machine's record, whosever
                 self.cluster.shutdown()
